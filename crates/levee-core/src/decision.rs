@@ -1,0 +1,127 @@
+//! What a decision says, and the context a node decides in.
+
+use serde::{Deserialize, Serialize};
+
+use crate::replica::{NodeIdx, RegionMask, ReplicaSet};
+use crate::rule::RuleMode;
+use crate::time::Millis;
+
+/// How the cluster keeps a global limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    /// Escrow: a node spends only rights it holds. The global limit holds under any partition.
+    #[default]
+    Strict,
+    /// Shared counter: a node admits against the merged global usage and takes, between two
+    /// syncs, at most its region's share of what was left. Overshoot is bounded by what was in
+    /// flight.
+    Optimistic,
+}
+
+impl Consistency {
+    /// The mode's name as in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Consistency::Strict => "strict",
+            Consistency::Optimistic => "optimistic",
+        }
+    }
+}
+
+/// What a node knows of the cluster when it decides: given by the cluster layer, read by the
+/// core. A single node on its own uses [`ClusterView::alone`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClusterView {
+    /// Strict or optimistic.
+    pub consistency: Consistency,
+    /// Regions not heard from within `suspect_after`.
+    pub unreachable: RegionMask,
+    /// Advances at every completed gossip exchange; optimistic mode resets its per-sync
+    /// allowance when it changes.
+    pub sync_gen: u64,
+    /// This node is not the key's owner and decides alone because the owner is unreachable.
+    pub acting_alone: bool,
+}
+
+impl ClusterView {
+    /// The view of a node with no peers.
+    pub const fn alone() -> ClusterView {
+        ClusterView {
+            consistency: Consistency::Strict,
+            unreachable: RegionMask::EMPTY,
+            sync_gen: 0,
+            acting_alone: false,
+        }
+    }
+
+    /// Whether decisions are made under a conservative cap.
+    #[inline]
+    pub fn degraded(&self) -> bool {
+        self.acting_alone || !self.unreachable.is_empty()
+    }
+}
+
+/// Everything a decision depends on besides the key's state: who decides, when, and what it
+/// knows of the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct DecideCtx<'a> {
+    /// The time of the decision (ms since the Unix epoch).
+    pub now: Millis,
+    /// The deciding node.
+    pub me: NodeIdx,
+    /// The agreed replica set.
+    pub replicas: &'a ReplicaSet,
+    /// The cluster as this node sees it.
+    pub view: ClusterView,
+}
+
+/// The answer to one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    /// What the caller is told: for a shadow rule always true.
+    pub allowed: bool,
+    /// What the algorithm decided.
+    pub would_allow: bool,
+    /// The rule's global limit: tokens per window, or bucket capacity.
+    pub limit: u64,
+    /// Tokens this caller can still take now, as far as this node knows.
+    pub remaining: u64,
+    /// Milliseconds until `remaining` is back to `limit` if nothing more is taken.
+    pub reset_after_ms: u64,
+    /// When denied: milliseconds after which the same request would succeed if nothing else
+    /// happened. Zero when allowed.
+    pub retry_after_ms: u64,
+    /// Enforce or shadow.
+    pub mode: RuleMode,
+    /// Decided under a conservative cap because peers or regions were unreachable.
+    pub degraded: bool,
+}
+
+/// The answer to an atomic call over several rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllDecision {
+    /// Whether every rule allowed; nothing was consumed otherwise.
+    pub allowed: bool,
+    /// The index of the binding rule: the first that denied, else the one with the least
+    /// remaining.
+    pub binding: usize,
+    /// One decision per rule, in order.
+    pub results: Vec<Decision>,
+}
+
+/// A key's usage as this node sees it, for `/v1/usage`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// The global limit.
+    pub limit: u64,
+    /// Tokens used in the current window (weighted for sliding windows; the bucket's deficit
+    /// for a token bucket).
+    pub used: u64,
+    /// `limit - used`, never negative.
+    pub remaining: u64,
+    /// Milliseconds until usage is back to zero if nothing more is taken.
+    pub reset_after_ms: u64,
+    /// Usage per region, by region index.
+    pub regions: Vec<u64>,
+}

@@ -1,0 +1,118 @@
+//! A node's forecast of its own demand for a key.
+//!
+//! Donors in strict mode give away what they do not expect to need. A short memory gives
+//! rights away at every dip of noisy demand and starves small regions; so the forecast keeps a
+//! long memory (a time constant of half an epoch) and a detector for real shifts: when a short
+//! average stays far from the long one for several samples in a row, the long one jumps to it.
+
+use crate::time::Millis;
+
+/// How many samples in a row the short average must disagree before the forecast follows it.
+const SHIFT_SAMPLES: u8 = 3;
+/// How far (as a factor) the short average must be from the long one to count as a shift.
+const SHIFT_FACTOR: f64 = 2.0;
+
+/// Exponentially weighted demand rate, in tokens per millisecond.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Forecast {
+    long: f64,
+    short: f64,
+    last_at: Millis,
+    last_total: u64,
+    disagree: u8,
+    primed: bool,
+    started: bool,
+}
+
+impl Forecast {
+    /// Feeds the running total of tokens requested at time `now`; `epoch_ms` is the rule's
+    /// window (or period) length, which sets the memory.
+    pub fn sample(&mut self, now: Millis, total: u64, epoch_ms: Millis) {
+        if !self.started {
+            self.started = true;
+            self.last_at = now;
+            self.last_total = total;
+            return;
+        }
+        if now <= self.last_at {
+            return;
+        }
+        let dt = (now - self.last_at) as f64;
+        let rate = total.saturating_sub(self.last_total) as f64 / dt;
+        self.last_at = now;
+        self.last_total = total;
+        if !self.primed {
+            self.long = rate;
+            self.short = rate;
+            self.primed = true;
+            return;
+        }
+        let epoch = epoch_ms.max(1) as f64;
+        let alpha = |tau: f64| 1.0 - (-dt / tau).exp();
+        self.long += alpha(epoch / 2.0) * (rate - self.long);
+        self.short += alpha(epoch / 16.0) * (rate - self.short);
+        let far =
+            self.short > self.long * SHIFT_FACTOR + 1e-12 || self.short * SHIFT_FACTOR < self.long;
+        if far {
+            self.disagree = self.disagree.saturating_add(1);
+            if self.disagree >= SHIFT_SAMPLES {
+                self.long = self.short;
+                self.disagree = 0;
+            }
+        } else {
+            self.disagree = 0;
+        }
+    }
+
+    /// Expected demand over `ms` milliseconds, in tokens (rounded up).
+    pub fn expected(&self, ms: Millis) -> u64 {
+        (self.long * ms as f64).ceil().max(0.0) as u64
+    }
+
+    /// The long-memory rate in tokens per millisecond.
+    pub fn rate(&self) -> f64 {
+        self.long
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(f: &mut Forecast, rates: &[f64], step: Millis, epoch: Millis) {
+        let mut total = f.last_total as f64;
+        let mut now = f.last_at;
+        for r in rates {
+            now += step;
+            total += r * step as f64;
+            f.sample(now, total as u64, epoch);
+        }
+    }
+
+    #[test]
+    fn steady_demand_is_forecast_exactly() {
+        let mut f = Forecast::default();
+        f.sample(0, 0, 1000);
+        feed(&mut f, &[1.0; 100], 20, 1000);
+        assert_eq!(f.expected(1000), 1000);
+    }
+
+    #[test]
+    fn noise_does_not_move_the_long_memory_much() {
+        let mut f = Forecast::default();
+        f.sample(0, 0, 1000);
+        feed(&mut f, &[1.0; 50], 20, 1000);
+        // One dip to zero for a single sample: the forecast barely moves.
+        feed(&mut f, &[0.0], 20, 1000);
+        assert!(f.rate() > 0.9, "rate {}", f.rate());
+    }
+
+    #[test]
+    fn a_real_shift_is_followed_within_a_few_samples() {
+        let mut f = Forecast::default();
+        f.sample(0, 0, 1000);
+        feed(&mut f, &[1.0; 50], 20, 1000);
+        feed(&mut f, &[10.0; 12], 20, 1000);
+        assert!(f.rate() > 5.0, "rate {}", f.rate());
+    }
+}

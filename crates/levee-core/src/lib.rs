@@ -1,0 +1,57 @@
+//! # levee-core
+//!
+//! The pure heart of Levee: rules and their algorithms, region-aware CRDT counters, strict
+//! (escrow) and optimistic global limits, and decisions. No I/O, no clock, no async runtime:
+//! every function that needs the time takes `now` (milliseconds since the Unix epoch) as an
+//! argument, so the same code runs in a node, in the deterministic simulator and in tests.
+//!
+//! ## A tour
+//!
+//! * [`rule`]: [`RuleSpec`] as a configuration writes it, validated into a [`Rule`].
+//! * [`replica`]: the agreed node list ([`ReplicaSet`]), shares, and integer splits.
+//! * [`crdt`]: the replicated state of a key ([`KeyCrdt`]) and its lattice join.
+//! * [`state`]: [`KeyState`], which decides, refunds, merges deltas and extracts them.
+//! * [`escrow`]: strict mode's rebalancing of spare rights toward demand.
+//! * [`decision`]: what a decision says and the context it is made in.
+//!
+//! ```
+//! use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, RuleMode, RuleSpec};
+//!
+//! let spec: RuleSpec = RuleSpec {
+//!     name: "api".into(),
+//!     algorithm: levee_core::rule::AlgorithmName::FixedWindow,
+//!     limit: Some(2),
+//!     window: Some("1s".parse().unwrap()),
+//!     rate: None, per: None, burst: None, period: None,
+//!     mode: RuleMode::Enforce, key_from: None, class_method: None, classes: vec![],
+//! };
+//! let mut rule = spec.validate().unwrap();
+//! let replicas = ReplicaSet::single("n1", "eu");
+//! rule.bind(&replicas);
+//! let ctx = DecideCtx { now: 1_000, me: NodeIdx(0), replicas: &replicas, view: ClusterView::alone() };
+//! let target = rule.target(None, 1).unwrap();
+//! let mut key = KeyState::new();
+//! assert!(key.decide(&target, rule.mode, 1, false, &ctx).allowed);
+//! assert!(key.decide(&target, rule.mode, 1, false, &ctx).allowed);
+//! let denied = key.decide(&target, rule.mode, 1, false, &ctx);
+//! assert!(!denied.allowed);
+//! assert_eq!(denied.retry_after_ms, 1_000);
+//! ```
+
+pub mod calendar;
+pub mod crdt;
+pub mod decision;
+pub mod escrow;
+pub mod forecast;
+pub mod replica;
+pub mod rule;
+pub mod state;
+pub mod time;
+
+pub use crdt::{KeyCrdt, Lattice};
+pub use decision::{AllDecision, ClusterView, Consistency, DecideCtx, Decision, Usage};
+pub use escrow::RebalanceCtx;
+pub use replica::{NodeIdx, RegionIdx, RegionMask, ReplicaSet, ReplicaSpec};
+pub use rule::{Algorithm, CheckError, Rule, RuleError, RuleMode, RuleSpec, Target};
+pub use state::{KeyState, MergeError, decide_all};
+pub use time::{HumanDuration, Millis};

@@ -1,0 +1,493 @@
+//! The agreed replica set: every node of the cluster with its region and weight.
+//!
+//! CRDT entries are written per *node* (a replica), never per region: ownership of a key moves
+//! inside a region, and two nodes that both believe they own a key must not write the same
+//! grow-only entry (pointwise max would drop one of the increments). Regions are only a way to
+//! sum node entries and to weigh shares.
+//!
+//! Every node holds the same list in the same order, so a [`NodeIdx`] names the same node
+//! everywhere and integer splits of a limit come out identical on every node.
+
+use serde::{Deserialize, Serialize};
+
+/// Position of a node in the agreed replica list. The same on every node of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeIdx(pub u16);
+
+/// Position of a region in the agreed region list (sorted by name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RegionIdx(pub u16);
+
+/// The most nodes a replica set may hold. Region reachability is a 64-bit mask, and small
+/// indices keep CRDT entries compact.
+pub const MAX_NODES: usize = 256;
+/// The most regions a replica set may hold (one bit each in a [`RegionMask`]).
+pub const MAX_REGIONS: usize = 64;
+
+/// The largest weight a region or a node may have. Bounding weights keeps every share
+/// computation exact in 128-bit integers.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+/// A set of regions as a bit mask (bit *i* is [`RegionIdx`] *i*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
+pub struct RegionMask(pub u64);
+
+impl RegionMask {
+    /// The empty set.
+    pub const EMPTY: RegionMask = RegionMask(0);
+
+    /// Whether `region` is in the set.
+    #[inline]
+    pub fn contains(self, region: RegionIdx) -> bool {
+        self.0 & (1u64 << region.0) != 0
+    }
+
+    /// The set with `region` added.
+    #[inline]
+    #[must_use]
+    pub fn with(self, region: RegionIdx) -> RegionMask {
+        RegionMask(self.0 | (1u64 << region.0))
+    }
+
+    /// Whether the set is empty.
+    #[inline]
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// One member of the agreed replica list, as given by the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaSpec {
+    /// Unique node id, e.g. `eu-1`.
+    pub id: String,
+    /// The region the node serves, e.g. `eu`.
+    pub region: String,
+    /// The node's weight inside its region; `None` splits the region's weight evenly.
+    pub weight: Option<u32>,
+}
+
+/// Why a replica set was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaSetError {
+    /// The list is empty.
+    #[error("cluster.node: the node list is empty")]
+    Empty,
+    /// Two nodes share an id.
+    #[error("cluster.node: node id {0:?} appears twice")]
+    DuplicateNode(String),
+    /// A node names a region without a weight.
+    #[error("cluster.node[{node}].region: region {region:?} has no weight in cluster.regions")]
+    UnknownRegion {
+        /// The node id.
+        node: String,
+        /// The region it names.
+        region: String,
+    },
+    /// A region has a weight but no node.
+    #[error("cluster.regions.{0}: the region has a weight but no node")]
+    EmptyRegion(String),
+    /// A weight of zero or above [`MAX_WEIGHT`].
+    #[error("{0}: weight must be an integer from 1 to 1000000")]
+    InvalidWeight(String),
+    /// Too many nodes or regions.
+    #[error("cluster: at most {MAX_NODES} nodes and {MAX_REGIONS} regions are supported")]
+    TooLarge,
+}
+
+/// The agreed list of replicas with their regions and weights, and the shares derived from it.
+///
+/// A region's static share is its weight over the sum of region weights; a node's share is its
+/// region's share split among the region's nodes by node weight (evenly unless configured).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSet {
+    nodes: Vec<Replica>,
+    regions: Vec<RegionInfo>,
+    /// Sum over nodes of `node_weight`, the denominator of every node share.
+    total_weight: u128,
+    digest: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Replica {
+    id: String,
+    region: RegionIdx,
+    /// The node's weight in units where the cluster sums to `total_weight`.
+    weight: u128,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RegionInfo {
+    name: String,
+    weight: u128,
+    nodes: Vec<NodeIdx>,
+}
+
+impl ReplicaSet {
+    /// A replica set of one node in one region: a single Levee node on its own.
+    pub fn single(id: &str, region: &str) -> ReplicaSet {
+        ReplicaSet::new(
+            &[(region.to_owned(), 1)],
+            &[ReplicaSpec {
+                id: id.to_owned(),
+                region: region.to_owned(),
+                weight: None,
+            }],
+        )
+        .expect("a single node with weight 1 is always valid")
+    }
+
+    /// Builds the replica set from region weights and the node list. Node order is kept (it is
+    /// the agreed order); regions are ordered by name.
+    pub fn new(
+        region_weights: &[(String, u32)],
+        nodes: &[ReplicaSpec],
+    ) -> Result<ReplicaSet, ReplicaSetError> {
+        if nodes.is_empty() {
+            return Err(ReplicaSetError::Empty);
+        }
+        if nodes.len() > MAX_NODES || region_weights.len() > MAX_REGIONS {
+            return Err(ReplicaSetError::TooLarge);
+        }
+        let mut regions: Vec<RegionInfo> = region_weights
+            .iter()
+            .map(|(name, w)| RegionInfo {
+                name: name.clone(),
+                weight: u128::from(*w),
+                nodes: vec![],
+            })
+            .collect();
+        regions.sort_by(|a, b| a.name.cmp(&b.name));
+        for r in &regions {
+            if r.weight == 0 || r.weight > u128::from(MAX_WEIGHT) {
+                return Err(ReplicaSetError::InvalidWeight(format!(
+                    "cluster.regions.{}",
+                    r.name
+                )));
+            }
+        }
+        let mut replicas = Vec::with_capacity(nodes.len());
+        for (i, spec) in nodes.iter().enumerate() {
+            if nodes[..i].iter().any(|n| n.id == spec.id) {
+                return Err(ReplicaSetError::DuplicateNode(spec.id.clone()));
+            }
+            let Some(r) = regions.iter().position(|r| r.name == spec.region) else {
+                return Err(ReplicaSetError::UnknownRegion {
+                    node: spec.id.clone(),
+                    region: spec.region.clone(),
+                });
+            };
+            if spec.weight.is_some_and(|w| w == 0 || w > MAX_WEIGHT) {
+                return Err(ReplicaSetError::InvalidWeight(format!(
+                    "cluster.node[{}].weight",
+                    spec.id
+                )));
+            }
+            regions[r].nodes.push(NodeIdx(i as u16));
+            replicas.push(Replica {
+                id: spec.id.clone(),
+                region: RegionIdx(r as u16),
+                weight: 0,
+            });
+        }
+        if let Some(r) = regions.iter().find(|r| r.nodes.is_empty()) {
+            return Err(ReplicaSetError::EmptyRegion(r.name.clone()));
+        }
+        // Exact rational shares in integers: a node's weight is its region's weight times its
+        // weight inside the region, scaled by the least common multiple of the regions' node
+        // weight sums so that every division is exact.
+        let region_sums: Vec<u128> = regions
+            .iter()
+            .map(|r| {
+                r.nodes
+                    .iter()
+                    .map(|n| u128::from(nodes[n.0 as usize].weight.unwrap_or(1)))
+                    .sum()
+            })
+            .collect();
+        let mut scale = 1u128;
+        for &s in &region_sums {
+            scale = lcm(scale, s).ok_or(ReplicaSetError::TooLarge)?;
+        }
+        for (ri, r) in regions.iter().enumerate() {
+            for n in &r.nodes {
+                let nw = u128::from(nodes[n.0 as usize].weight.unwrap_or(1));
+                let w = r
+                    .weight
+                    .checked_mul(nw)
+                    .and_then(|x| x.checked_mul(scale / region_sums[ri]));
+                replicas[n.0 as usize].weight = w.ok_or(ReplicaSetError::TooLarge)?;
+            }
+        }
+        let total_weight = replicas.iter().map(|r| r.weight).sum();
+        let mut set = ReplicaSet {
+            nodes: replicas,
+            regions,
+            total_weight,
+            digest: 0,
+        };
+        set.digest = set.compute_digest();
+        Ok(set)
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Always false: a replica set has at least one node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Number of regions.
+    pub fn region_count(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// The index of the node with this id.
+    pub fn node_by_id(&self, id: &str) -> Option<NodeIdx> {
+        self.nodes
+            .iter()
+            .position(|n| n.id == id)
+            .map(|i| NodeIdx(i as u16))
+    }
+
+    /// The index of the region with this name.
+    pub fn region_by_name(&self, name: &str) -> Option<RegionIdx> {
+        self.regions
+            .iter()
+            .position(|r| r.name == name)
+            .map(|i| RegionIdx(i as u16))
+    }
+
+    /// A node's id.
+    pub fn node_id(&self, node: NodeIdx) -> &str {
+        &self.nodes[node.0 as usize].id
+    }
+
+    /// A node's region.
+    #[inline]
+    pub fn region_of(&self, node: NodeIdx) -> RegionIdx {
+        self.nodes[node.0 as usize].region
+    }
+
+    /// A region's name.
+    pub fn region_name(&self, region: RegionIdx) -> &str {
+        &self.regions[region.0 as usize].name
+    }
+
+    /// The nodes of a region, in agreed order.
+    pub fn region_nodes(&self, region: RegionIdx) -> &[NodeIdx] {
+        &self.regions[region.0 as usize].nodes
+    }
+
+    /// Every node index.
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = NodeIdx> + '_ {
+        (0..self.nodes.len()).map(|i| NodeIdx(i as u16))
+    }
+
+    /// Every region index.
+    pub fn regions(&self) -> impl ExactSizeIterator<Item = RegionIdx> + '_ {
+        (0..self.regions.len()).map(|i| RegionIdx(i as u16))
+    }
+
+    /// A region's static share of every limit, as a fraction.
+    pub fn region_share(&self, region: RegionIdx) -> f64 {
+        let w: u128 = self
+            .region_nodes(region)
+            .iter()
+            .map(|n| self.nodes[n.0 as usize].weight)
+            .sum();
+        w as f64 / self.total_weight as f64
+    }
+
+    /// A node's static share of every limit, as a fraction.
+    pub fn node_share(&self, node: NodeIdx) -> f64 {
+        self.nodes[node.0 as usize].weight as f64 / self.total_weight as f64
+    }
+
+    /// Splits an integer `amount` among all nodes by weight so that the parts sum exactly to
+    /// `amount`, by the largest-remainder method with ties broken by node order. The result
+    /// is identical on every node holding the same list.
+    pub fn split(&self, amount: u64) -> Vec<u64> {
+        let total = self.total_weight;
+        let amount128 = u128::from(amount);
+        let mut parts: Vec<u64> = Vec::with_capacity(self.nodes.len());
+        let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(self.nodes.len());
+        let mut given: u64 = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let num = amount128 * n.weight;
+            let part = (num / total) as u64;
+            parts.push(part);
+            given += part;
+            remainders.push((num % total, i));
+        }
+        // Largest remainder first; among equal remainders the lower index wins.
+        remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, i) in remainders.iter().take((amount - given) as usize) {
+            parts[i] += 1;
+        }
+        parts
+    }
+
+    /// A digest of the list (ids, regions and weights in order). Peers compare it on connect:
+    /// two nodes with different lists must not exchange counters.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    fn compute_digest(&self) -> u64 {
+        // FNV-1a: stable across platforms and Rust versions, unlike `std`'s hashers.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut feed = |bytes: &[u8]| {
+            for b in bytes {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        };
+        for n in &self.nodes {
+            feed(n.id.as_bytes());
+            feed(self.regions[n.region.0 as usize].name.as_bytes());
+            feed(&n.weight.to_le_bytes());
+        }
+        h
+    }
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn lcm(a: u128, b: u128) -> Option<u128> {
+    (a / gcd(a, b)).checked_mul(b).filter(|&l| l < 1 << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, region: &str) -> ReplicaSpec {
+        ReplicaSpec {
+            id: id.into(),
+            region: region.into(),
+            weight: None,
+        }
+    }
+
+    fn three_by_two() -> ReplicaSet {
+        let regions = [
+            ("eu".to_owned(), 1),
+            ("us".to_owned(), 1),
+            ("ap".to_owned(), 1),
+        ];
+        let nodes = [
+            spec("eu-1", "eu"),
+            spec("eu-2", "eu"),
+            spec("us-1", "us"),
+            spec("us-2", "us"),
+            spec("ap-1", "ap"),
+            spec("ap-2", "ap"),
+        ];
+        ReplicaSet::new(&regions, &nodes).unwrap()
+    }
+
+    #[test]
+    fn split_sums_exactly_to_the_amount() {
+        let set = three_by_two();
+        for amount in [0u64, 1, 5, 6, 7, 100, 1000, 999_999, u64::from(u32::MAX)] {
+            let parts = set.split(amount);
+            assert_eq!(parts.iter().sum::<u64>(), amount, "amount {amount}");
+            let (lo, hi) = (parts.iter().min().unwrap(), parts.iter().max().unwrap());
+            assert!(
+                hi - lo <= 1,
+                "even weights differ by at most one: {parts:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn region_weight_is_split_evenly_among_its_nodes() {
+        let regions = [("eu".to_owned(), 2), ("us".to_owned(), 1)];
+        let nodes = [
+            spec("eu-1", "eu"),
+            spec("us-1", "us"),
+            spec("us-2", "us"),
+            spec("us-3", "us"),
+        ];
+        let set = ReplicaSet::new(&regions, &nodes).unwrap();
+        let eu = set.region_by_name("eu").unwrap();
+        assert!((set.region_share(eu) - 2.0 / 3.0).abs() < 1e-12);
+        assert!((set.node_share(NodeIdx(1)) - 1.0 / 9.0).abs() < 1e-12);
+        assert_eq!(set.split(900), vec![600, 100, 100, 100]);
+    }
+
+    #[test]
+    fn node_weights_inside_a_region_are_honoured() {
+        let regions = [("eu".to_owned(), 1)];
+        let nodes = [
+            ReplicaSpec {
+                id: "a".into(),
+                region: "eu".into(),
+                weight: Some(3),
+            },
+            ReplicaSpec {
+                id: "b".into(),
+                region: "eu".into(),
+                weight: Some(1),
+            },
+        ];
+        let set = ReplicaSet::new(&regions, &nodes).unwrap();
+        assert_eq!(set.split(100), vec![75, 25]);
+    }
+
+    #[test]
+    fn invalid_sets_name_the_problem() {
+        let r = [("eu".to_owned(), 1)];
+        assert_eq!(ReplicaSet::new(&r, &[]), Err(ReplicaSetError::Empty));
+        assert_eq!(
+            ReplicaSet::new(&r, &[spec("a", "eu"), spec("a", "eu")]),
+            Err(ReplicaSetError::DuplicateNode("a".into()))
+        );
+        assert!(matches!(
+            ReplicaSet::new(&r, &[spec("a", "mars")]),
+            Err(ReplicaSetError::UnknownRegion { .. })
+        ));
+        let r2 = [("eu".to_owned(), 1), ("us".to_owned(), 1)];
+        assert_eq!(
+            ReplicaSet::new(&r2, &[spec("a", "eu")]),
+            Err(ReplicaSetError::EmptyRegion("us".into()))
+        );
+        let r0 = [("eu".to_owned(), 0)];
+        assert!(matches!(
+            ReplicaSet::new(&r0, &[spec("a", "eu")]),
+            Err(ReplicaSetError::InvalidWeight(_))
+        ));
+    }
+
+    #[test]
+    fn digest_differs_when_the_list_differs() {
+        let a = three_by_two();
+        let regions = [
+            ("eu".to_owned(), 1),
+            ("us".to_owned(), 1),
+            ("ap".to_owned(), 2),
+        ];
+        let nodes = [
+            spec("eu-1", "eu"),
+            spec("eu-2", "eu"),
+            spec("us-1", "us"),
+            spec("us-2", "us"),
+            spec("ap-1", "ap"),
+            spec("ap-2", "ap"),
+        ];
+        let b = ReplicaSet::new(&regions, &nodes).unwrap();
+        assert_ne!(a.digest(), b.digest());
+        assert_eq!(a.digest(), three_by_two().digest());
+    }
+}

@@ -1,0 +1,957 @@
+//! The state of one key and the decisions made against it.
+//!
+//! A [`KeyState`] holds the replicated [`KeyCrdt`] and a little private bookkeeping (what
+//! changed since the last delta, the optimistic allowance, the demand forecast). Every
+//! function takes the time as an argument.
+//!
+//! ## Call order
+//!
+//! 1. [`KeyState::decide`] (or [`decide_all`]) on each request; [`KeyState::refund`] when a
+//!    request is given back.
+//! 2. [`KeyState::merge`] for every delta or full state received from a peer.
+//! 3. Every gossip interval, [`KeyState::rebalance`] (strict mode: move spare rights toward
+//!    demand), then [`KeyState::take_delta`] to get what changed, to send to peers.
+//! 4. [`KeyState::prune`] now and then to drop epochs past retention.
+//!
+//! ## How each algorithm decides
+//!
+//! *Fixed windows and quotas* count per epoch. In strict mode node *n* holds for epoch *e*
+//! the rights `split(limit)[n] + received[e] − given[e]` and admits while its own net
+//! consumption in *e* stays within them; the sum over nodes is the limit, so the global
+//! limit holds without coordination.
+//!
+//! *Sliding windows* weigh the previous epoch by the part of it still inside the sliding
+//! window. Rights are continuous (usage carries from one epoch into the next): node *n* admits
+//! while `cur[n] + prev[n] × overlap ≤ holdings[n]`.
+//!
+//! *Token buckets* are split into per-node sub-buckets: a node holding `h` of the `burst`
+//! units has capacity `h` and refills at `h × rate / burst`. Transfers move capacity and
+//! refill together, so the sub-buckets always sum to at most the global bucket and the
+//! cluster never admits more than `burst + rate × (t2 − t1)` over any interval.
+//!
+//! In optimistic mode the node admits against the merged global figures instead, treating
+//! every unreachable region as having consumed `max(last known, its full share)`, and takes
+//! between two syncs at most its region's share of what was left at the last sync.
+
+use crate::crdt::{BucketReg, KeyCrdt, Lattice, Tally, TransferMatrix};
+use crate::decision::{AllDecision, Consistency, DecideCtx, Decision, Usage};
+use crate::forecast::Forecast;
+use crate::replica::{NodeIdx, ReplicaSet};
+use crate::rule::{Algorithm, RuleMode, Target};
+use crate::time::Millis;
+
+/// Nanotokens per token: token-bucket levels are fixed-point integers.
+pub const NANO: i128 = 1_000_000_000;
+
+/// Why a remote delta was refused. The state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    /// The delta names a node outside the agreed replica set.
+    #[error("delta names node {node} but the replica set has {len} nodes")]
+    UnknownNode {
+        /// The index named.
+        node: u16,
+        /// The replica set's size.
+        len: usize,
+    },
+}
+
+/// One key's state: the replicated CRDT and private bookkeeping.
+#[derive(Debug, Clone, Default)]
+pub struct KeyState {
+    pub(crate) crdt: KeyCrdt,
+    dirty: Dirty,
+    optimistic: Allowance,
+    /// The node's own demand, for the escrow's forecasts.
+    pub(crate) forecast: Forecast,
+    /// Total tokens requested at this node (admitted or not), for the forecast.
+    pub(crate) requested_total: u64,
+    /// Last time a decision, refund or merge touched the key (for idle eviction).
+    touched: Millis,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Dirty {
+    tallies: bool,
+    slot_transfers: bool,
+    holdings: bool,
+    bucket: bool,
+    demand: bool,
+}
+
+impl Dirty {
+    fn any(&self) -> bool {
+        self.tallies || self.slot_transfers || self.holdings || self.bucket || self.demand
+    }
+}
+
+/// Optimistic mode's per-sync allowance.
+#[derive(Debug, Clone, Copy, Default)]
+struct Allowance {
+    sync_gen: u64,
+    epoch: u64,
+    /// What was left globally at the last sync (tokens, or nanotokens for a token bucket).
+    left: i128,
+    /// What this node has taken since (same unit).
+    taken: i128,
+    valid: bool,
+}
+
+/// The outcome of evaluating one check, before anything is committed.
+#[derive(Debug, Clone, Copy)]
+struct Evaluation {
+    would_allow: bool,
+    /// What this node could admit now, in tokens, before the check.
+    available: u64,
+    reset_after_ms: u64,
+    retry_after_ms: u64,
+    epoch: u64,
+    /// Token bucket: own level after refill, before the check.
+    level_nt: i128,
+    allowance: Allowance,
+}
+
+impl KeyState {
+    /// An empty state.
+    pub fn new() -> KeyState {
+        KeyState::default()
+    }
+
+    /// The replicated part.
+    pub fn crdt(&self) -> &KeyCrdt {
+        &self.crdt
+    }
+
+    /// Last time the key was used or updated.
+    pub fn touched(&self) -> Millis {
+        self.touched
+    }
+
+    /// Decides one request of `cost` tokens and consumes them if allowed (and the rule is
+    /// enforced, or it is shadowed and would allow). With `dry_run` nothing changes.
+    pub fn decide(
+        &mut self,
+        target: &Target<'_>,
+        mode: RuleMode,
+        cost: u64,
+        dry_run: bool,
+        ctx: &DecideCtx<'_>,
+    ) -> Decision {
+        let ev = self.evaluate(target, cost, ctx);
+        if !dry_run && cost > 0 {
+            self.commit(target, cost, ev.would_allow, &ev, ctx);
+        }
+        decision_of(target.algorithm, mode, cost, &ev, dry_run, ctx)
+    }
+
+    /// Gives `cost` tokens back. Never raises what is available above the node's capacity,
+    /// and never refunds more than this node consumed in the epochs still counted.
+    pub fn refund(&mut self, target: &Target<'_>, cost: u64, ctx: &DecideCtx<'_>) -> Decision {
+        let algo = target.algorithm;
+        let now = ctx.now;
+        let e = algo.epoch(now);
+        let mut left = cost;
+        // The current epoch first; a sliding window's previous epoch still weighs.
+        let epochs: &[u64] = match algo {
+            Algorithm::SlidingWindow { .. } => &[e, e.saturating_sub(1)],
+            _ => &[e],
+        };
+        for &epoch in epochs {
+            if left == 0 {
+                break;
+            }
+            let Some(slot) = self.crdt.slots.iter_mut().find(|s| s.epoch == epoch) else {
+                continue;
+            };
+            let Some(t) = slot.tallies.get(ctx.me).copied() else {
+                continue;
+            };
+            let give = left.min(t.net());
+            if give > 0 {
+                slot.tallies.entry(ctx.me).refunded = t.refunded + give;
+                left -= give;
+                self.dirty.tallies = true;
+            }
+        }
+        if let Algorithm::TokenBucket { .. } = algo {
+            // The level rises by the cost, capped at the sub-bucket's capacity: a refund can
+            // never hold more than a full bucket.
+            let (level, cap) = self.own_level(target, ctx);
+            let new_level = (level + i128::from(cost) * NANO).min(cap.max(level));
+            self.set_level(ctx.me, new_level, now);
+        }
+        self.touched = now;
+        let ev = self.evaluate(target, 0, ctx);
+        decision_of(algo, RuleMode::Enforce, 0, &ev, false, ctx)
+    }
+
+    /// This key's usage as this node sees it, summed per region.
+    pub fn usage(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> Usage {
+        let algo = target.algorithm;
+        let replicas = ctx.replicas;
+        let now = ctx.now;
+        let e = algo.epoch(now);
+        let limit = algo.capacity();
+        let mut regions = vec![0u64; replicas.region_count()];
+        let reset_after_ms;
+        match *algo {
+            Algorithm::FixedWindow { .. } | Algorithm::Quota { .. } => {
+                if let Some(slot) = self.crdt.slot(e) {
+                    for (n, t) in slot.tallies.iter() {
+                        if let Some(r) = regions.get_mut(region_index(replicas, n)) {
+                            *r += t.net();
+                        }
+                    }
+                }
+                let used: u64 = regions.iter().sum();
+                reset_after_ms = if used > 0 { algo.epoch_end(e) - now } else { 0 };
+            }
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                let el = now - algo.epoch_start(e);
+                let (cur, prev) = (self.crdt.slot(e), self.crdt.slot(e.wrapping_sub(1)));
+                let mut any_cur = false;
+                let mut any_prev = false;
+                let mut nums = vec![0u128; regions.len()];
+                for (slot, weight) in [
+                    (cur, u128::from(window_ms)),
+                    (prev, u128::from(window_ms - el)),
+                ] {
+                    let Some(slot) = slot else { continue };
+                    for (n, t) in slot.tallies.iter() {
+                        if let Some(r) = nums.get_mut(region_index(replicas, n)) {
+                            *r += u128::from(t.net()) * weight;
+                        }
+                        if t.net() > 0 {
+                            if slot.epoch == e {
+                                any_cur = true;
+                            } else {
+                                any_prev = true;
+                            }
+                        }
+                    }
+                }
+                for (r, num) in regions.iter_mut().zip(nums) {
+                    *r = num.div_ceil(u128::from(window_ms)) as u64;
+                }
+                reset_after_ms = if any_cur {
+                    2 * window_ms - el
+                } else if any_prev {
+                    window_ms - el
+                } else {
+                    0
+                };
+            }
+            Algorithm::TokenBucket {
+                rate,
+                per_ms,
+                burst,
+            } => {
+                let base = replicas.split(burst);
+                let mut deficit_total: i128 = 0;
+                for n in replicas.nodes() {
+                    let units = holdings(base[n.0 as usize], &self.crdt.holdings, n);
+                    let cap = i128::from(units) * NANO;
+                    let level = match self.crdt.buckets.get(n) {
+                        Some(reg) => project(reg, units, rate, per_ms, burst, now),
+                        None => cap,
+                    };
+                    let deficit = (cap - level).max(0);
+                    deficit_total += deficit;
+                    if let Some(r) = regions.get_mut(region_index(replicas, n)) {
+                        *r += ceil_div(deficit, NANO) as u64;
+                    }
+                }
+                reset_after_ms =
+                    ceil_div(deficit_total * i128::from(per_ms), i128::from(rate) * NANO) as u64;
+            }
+        }
+        let used: u64 = regions.iter().sum::<u64>().min(limit);
+        Usage {
+            limit,
+            used,
+            remaining: limit - used,
+            reset_after_ms,
+            regions,
+        }
+    }
+
+    /// Merges a remote delta or full state. Slots of epochs outside retention are dropped
+    /// (too old to matter, or from a peer whose clock runs far ahead). Returns whether the
+    /// state changed. A token bucket whose holdings change re-anchors its level first, so
+    /// that new rights refill only from the moment they arrive.
+    pub fn merge(
+        &mut self,
+        delta: &KeyCrdt,
+        target: &Target<'_>,
+        ctx: &DecideCtx<'_>,
+    ) -> Result<bool, MergeError> {
+        let replicas = ctx.replicas;
+        if let Some(n) = delta.max_node()
+            && usize::from(n.0) >= replicas.len()
+        {
+            return Err(MergeError::UnknownNode {
+                node: n.0,
+                len: replicas.len(),
+            });
+        }
+        let algo = target.algorithm;
+        let (oldest, newest) = retained_range(algo, ctx.now);
+        let mut changed = false;
+        for slot in &delta.slots {
+            if slot.epoch >= oldest && slot.epoch <= newest {
+                changed |= self.crdt.slot_mut(slot.epoch).join(slot);
+            }
+        }
+        let anchor = match algo {
+            Algorithm::TokenBucket { .. }
+                if delta.holdings.cells().iter().any(|c| c.to == ctx.me) =>
+            {
+                let (level, cap) = self.own_level(target, ctx);
+                Some((level, cap))
+            }
+            _ => None,
+        };
+        let holdings_changed = self.crdt.holdings.join(&delta.holdings);
+        changed |= holdings_changed;
+        changed |= self.crdt.buckets.join(&delta.buckets);
+        if let Some((level, _)) = anchor.filter(|_| holdings_changed) {
+            // The register may have been replaced by our own older write coming back; keep
+            // the lower of the two levels, which is always safe.
+            let (now_level, _) = self.own_level(target, ctx);
+            self.set_level(ctx.me, level.min(now_level), ctx.now);
+        }
+        changed |= self.crdt.demand.join(&delta.demand);
+        if changed {
+            self.touched = self.touched.max(ctx.now);
+        }
+        Ok(changed)
+    }
+
+    /// The entries this node wrote since the last call, as absolute values: its tallies in
+    /// every retained epoch, its rows of the transfer matrices, its registers. `None` when
+    /// nothing changed.
+    pub fn take_delta(&mut self, me: NodeIdx) -> Option<KeyCrdt> {
+        if !self.dirty.any() {
+            return None;
+        }
+        let d = std::mem::take(&mut self.dirty);
+        let mut out = KeyCrdt::default();
+        for slot in &self.crdt.slots {
+            let mine = slot.tallies.get(me).filter(|_| d.tallies);
+            let row: Vec<_> = if d.slot_transfers {
+                slot.transfers.row(me).copied().collect()
+            } else {
+                vec![]
+            };
+            if mine.is_none() && row.is_empty() {
+                continue;
+            }
+            let s = out.slot_mut(slot.epoch);
+            if let Some(t) = mine {
+                *s.tallies.entry(me) = *t;
+            }
+            let mut m = TransferMatrix::default();
+            for c in row {
+                m.give(c.from, c.to, c.units);
+            }
+            s.transfers = m;
+        }
+        if d.holdings {
+            for c in self.crdt.holdings.row(me) {
+                out.holdings.give(c.from, c.to, c.units);
+            }
+        }
+        if d.bucket
+            && let Some(b) = self.crdt.buckets.get(me)
+        {
+            *out.buckets.entry(me) = *b;
+        }
+        if d.demand
+            && let Some(r) = self.crdt.demand.get(me)
+        {
+            *out.demand.entry(me) = *r;
+        }
+        Some(out)
+    }
+
+    /// Drops epochs past retention. Returns whether the key holds nothing any more.
+    pub fn prune(&mut self, algo: &Algorithm, now: Millis) -> bool {
+        let (oldest, newest) = retained_range(algo, now);
+        self.crdt.retain_epochs(oldest, newest);
+        self.crdt.is_empty()
+    }
+
+    pub(crate) fn mark_demand_dirty(&mut self) {
+        self.dirty.demand = true;
+    }
+
+    pub(crate) fn mark_transfers_dirty(&mut self, continuous: bool) {
+        if continuous {
+            self.dirty.holdings = true;
+        } else {
+            self.dirty.slot_transfers = true;
+        }
+    }
+
+    // ---- evaluation --------------------------------------------------------------------
+
+    fn evaluate(&self, target: &Target<'_>, cost: u64, ctx: &DecideCtx<'_>) -> Evaluation {
+        let algo = target.algorithm;
+        let e = algo.epoch(ctx.now);
+        match *algo {
+            Algorithm::FixedWindow { limit, .. } | Algorithm::Quota { limit, .. } => {
+                self.eval_window(target, limit, e, cost, ctx)
+            }
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                self.eval_sliding(target, limit, window_ms, e, cost, ctx)
+            }
+            Algorithm::TokenBucket {
+                rate,
+                per_ms,
+                burst,
+            } => self.eval_bucket(target, rate, per_ms, burst, e, cost, ctx),
+        }
+    }
+
+    fn eval_window(
+        &self,
+        target: &Target<'_>,
+        limit: u64,
+        e: u64,
+        cost: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> Evaluation {
+        let algo = target.algorithm;
+        let slot = self.crdt.slot(e);
+        let own = slot
+            .and_then(|s| s.tallies.get(ctx.me))
+            .map_or(0, Tally::net);
+        let global = slot.map_or(0, |s| s.net_total());
+        let (available, capacity, allowance) = match ctx.view.consistency {
+            Consistency::Strict => {
+                let base = base_of(target, ctx);
+                let held = match slot {
+                    Some(s) => holdings(base, &s.transfers, ctx.me),
+                    None => base,
+                };
+                (held.saturating_sub(own), held, Allowance::default())
+            }
+            Consistency::Optimistic => {
+                let used = slot.map_or(0, |s| {
+                    assumed_usage(
+                        ctx,
+                        limit,
+                        |n| s.tallies.get(n).map_or(0, |t| u128::from(t.net())),
+                        1,
+                    )
+                }) as i128;
+                let left = i128::from(limit) - used;
+                let allowance = self.allowance(left, e, ctx);
+                let avail = left.min(allowance_room(&allowance, limit, ctx)).max(0) as u64;
+                (avail, limit, allowance)
+            }
+        };
+        let need = cost.max(threshold(target.min_fill_ppm, capacity));
+        let would_allow = available >= need;
+        let until_end = algo.epoch_end(e) - ctx.now;
+        let used_after = global + if would_allow { cost } else { 0 };
+        Evaluation {
+            would_allow,
+            available,
+            reset_after_ms: if used_after > 0 { until_end } else { 0 },
+            retry_after_ms: if would_allow { 0 } else { until_end.max(1) },
+            epoch: e,
+            level_nt: 0,
+            allowance,
+        }
+    }
+
+    fn eval_sliding(
+        &self,
+        target: &Target<'_>,
+        limit: u64,
+        window_ms: u64,
+        e: u64,
+        cost: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> Evaluation {
+        let algo = target.algorithm;
+        let w = u128::from(window_ms);
+        let el = u128::from(ctx.now - algo.epoch_start(e));
+        let cur = self.crdt.slot(e);
+        let prev = self.crdt.slot(e.wrapping_sub(1));
+        let net_of = |slot: Option<&crate::crdt::EpochSlot>, n: NodeIdx| {
+            slot.and_then(|s| s.tallies.get(n))
+                .map_or(0u128, |t| u128::from(t.net()))
+        };
+        // Weighted usage is kept scaled by the window length so that every figure is exact.
+        let (cur_me, prev_me, held, scaled_used, allowance) = match ctx.view.consistency {
+            Consistency::Strict => {
+                let held = holdings(base_of(target, ctx), &self.crdt.holdings, ctx.me);
+                let (c, p) = (net_of(cur, ctx.me), net_of(prev, ctx.me));
+                (c, p, held, c * w + p * (w - el), Allowance::default())
+            }
+            Consistency::Optimistic => {
+                let used = assumed_usage(
+                    ctx,
+                    limit,
+                    |n| net_of(cur, n) * w + net_of(prev, n) * (w - el),
+                    w,
+                );
+                let c: u128 = cur.map_or(0, |s| u128::from(s.net_total()));
+                let p: u128 = prev.map_or(0, |s| u128::from(s.net_total()));
+                let left = i128::from(limit) - (used.div_ceil(w)) as i128;
+                let allowance = self.allowance(left, e, ctx);
+                (c, p, limit, used, allowance)
+            }
+        };
+        let room_scaled = (u128::from(held) * w).saturating_sub(scaled_used);
+        let mut available = (room_scaled / w) as u64;
+        if ctx.view.consistency == Consistency::Optimistic {
+            available = available.min(allowance_room(&allowance, limit, ctx).max(0) as u64);
+        }
+        let need = cost.max(threshold(target.min_fill_ppm, held));
+        let would_allow = available >= need;
+        let retry_after_ms = if would_allow {
+            0
+        } else {
+            sliding_retry(u128::from(held), cur_me, prev_me, u128::from(need), w, el)
+        };
+        let cur_after = cur_me + if would_allow { u128::from(cost) } else { 0 };
+        let reset_after_ms = if cur_after > 0 {
+            (2 * w - el) as u64
+        } else if prev_me > 0 {
+            (w - el) as u64
+        } else {
+            0
+        };
+        Evaluation {
+            would_allow,
+            available,
+            reset_after_ms,
+            retry_after_ms,
+            epoch: e,
+            level_nt: 0,
+            allowance,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn eval_bucket(
+        &self,
+        target: &Target<'_>,
+        rate: u64,
+        per_ms: u64,
+        burst: u64,
+        e: u64,
+        cost: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> Evaluation {
+        let (level, cap) = self.own_level(target, ctx);
+        let cost_nt = i128::from(cost) * NANO;
+        match ctx.view.consistency {
+            Consistency::Strict => {
+                let units = (cap / NANO) as u64;
+                let need_nt = cost_nt.max(i128::from(threshold(target.min_fill_ppm, units)) * NANO);
+                let would_allow = level >= need_nt;
+                let available = (level.max(0) / NANO) as u64;
+                // Time for this node's own refill to cover the deficit; if the node holds too
+                // little to ever grant the cost, the time the whole bucket would need.
+                let refill_ms = |deficit_nt: i128, units: u64| -> u64 {
+                    if units == 0 {
+                        return u64::MAX;
+                    }
+                    ceil_div(
+                        deficit_nt * i128::from(burst) * i128::from(per_ms),
+                        i128::from(units) * i128::from(rate) * NANO,
+                    ) as u64
+                };
+                let retry_after_ms = if would_allow {
+                    0
+                } else if need_nt <= cap {
+                    refill_ms(need_nt - level, units).max(1)
+                } else {
+                    refill_ms(need_nt, burst).max(1)
+                };
+                let after = level - if would_allow { cost_nt } else { 0 };
+                let reset_after_ms = if after < cap {
+                    refill_ms(cap - after, units)
+                } else {
+                    0
+                };
+                Evaluation {
+                    would_allow,
+                    available,
+                    reset_after_ms,
+                    retry_after_ms,
+                    epoch: e,
+                    level_nt: level,
+                    allowance: Allowance::default(),
+                }
+            }
+            Consistency::Optimistic => {
+                let global = self.global_level(target, rate, per_ms, burst, ctx);
+                let allowance = self.allowance(global, e, ctx);
+                let room = global.min(allowance_room(&allowance, i128::from(burst) * NANO, ctx));
+                let need_nt = cost_nt.max(i128::from(threshold(target.min_fill_ppm, burst)) * NANO);
+                let would_allow = room >= need_nt;
+                let available = (room.max(0) / NANO) as u64;
+                let global_ms = |deficit_nt: i128| {
+                    ceil_div(
+                        deficit_nt.max(0) * i128::from(per_ms),
+                        i128::from(rate) * NANO,
+                    ) as u64
+                };
+                let retry_after_ms = if would_allow {
+                    0
+                } else {
+                    global_ms(need_nt - global).max(1)
+                };
+                let after = global - if would_allow { cost_nt } else { 0 };
+                let reset_after_ms = global_ms(i128::from(burst) * NANO - after);
+                Evaluation {
+                    would_allow,
+                    available,
+                    reset_after_ms,
+                    retry_after_ms,
+                    epoch: e,
+                    level_nt: level,
+                    allowance,
+                }
+            }
+        }
+    }
+
+    /// The node's own sub-bucket: level after refill (nanotokens) and capacity (nanotokens).
+    fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, i128) {
+        let Algorithm::TokenBucket {
+            rate,
+            per_ms,
+            burst,
+        } = *target.algorithm
+        else {
+            return (0, 0);
+        };
+        let units = holdings(base_of(target, ctx), &self.crdt.holdings, ctx.me);
+        let cap = i128::from(units) * NANO;
+        let level = match self.crdt.buckets.get(ctx.me) {
+            Some(reg) => project(reg, units, rate, per_ms, burst, ctx.now),
+            None => cap,
+        };
+        (level, cap)
+    }
+
+    /// Optimistic mode: the global bucket level, summing every node's projected sub-bucket;
+    /// a node of an unreachable region counts as having spent its whole share.
+    fn global_level(
+        &self,
+        target: &Target<'_>,
+        rate: u64,
+        per_ms: u64,
+        burst: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> i128 {
+        let replicas = ctx.replicas;
+        if replicas.len() == 1 {
+            return self.own_level(target, ctx).0;
+        }
+        let base = replicas.split(burst);
+        let mut total = 0i128;
+        for n in replicas.nodes() {
+            let units = base[n.0 as usize];
+            let cap = i128::from(units) * NANO;
+            let level = match self.crdt.buckets.get(n) {
+                Some(reg) => project(reg, units, rate, per_ms, burst, ctx.now),
+                None => cap,
+            };
+            let reachable = n == ctx.me || !ctx.view.unreachable.contains(replicas.region_of(n));
+            total += if reachable { level } else { level.min(0) };
+        }
+        total
+    }
+
+    /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
+    fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
+        let a = self.optimistic;
+        if a.valid && a.sync_gen == ctx.view.sync_gen && a.epoch == epoch {
+            a
+        } else {
+            Allowance {
+                sync_gen: ctx.view.sync_gen,
+                epoch,
+                left: left_now.max(0),
+                taken: 0,
+                valid: true,
+            }
+        }
+    }
+
+    // ---- commit ------------------------------------------------------------------------
+
+    fn commit(
+        &mut self,
+        target: &Target<'_>,
+        cost: u64,
+        admitted: bool,
+        ev: &Evaluation,
+        ctx: &DecideCtx<'_>,
+    ) {
+        let algo = target.algorithm;
+        let now = ctx.now;
+        let tally = self.crdt.slot_mut(ev.epoch).tallies.entry(ctx.me);
+        tally.requested += cost;
+        if admitted {
+            tally.consumed += cost;
+        }
+        self.dirty.tallies = true;
+        self.requested_total += cost;
+        self.touched = now;
+        if admitted {
+            if ctx.view.consistency == Consistency::Optimistic {
+                let mut a = ev.allowance;
+                a.taken += match algo {
+                    Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
+                    _ => i128::from(cost),
+                };
+                self.optimistic = a;
+            }
+            if let Algorithm::TokenBucket { .. } = algo {
+                self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
+            }
+        }
+        if self.crdt.slots.len() > algo.retained_epochs() as usize + 1 {
+            self.prune(algo, now);
+        }
+    }
+
+    /// Writes this node's sub-bucket register. A clock that went backwards does not refill
+    /// twice: the register keeps the later time.
+    pub(crate) fn set_level(&mut self, me: NodeIdx, level_nt: i128, now: Millis) {
+        let reg = self.crdt.buckets.entry(me);
+        let clamped = level_nt.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        *reg = BucketReg {
+            seq: reg.seq + 1,
+            at: reg.at.max(now),
+            level_nt: clamped,
+        };
+        self.dirty.bucket = true;
+    }
+}
+
+/// Decides one request against several rules atomically: it is allowed only if every enforced
+/// rule allows, and nothing is consumed otherwise. Shadow rules never block; they consume only
+/// when the call is allowed and they would allow. The states must be distinct keys (merge
+/// duplicate entries, adding their costs, before calling).
+pub fn decide_all(
+    checks: &mut [(&mut KeyState, Target<'_>, RuleMode)],
+    cost: u64,
+    dry_run: bool,
+    ctx: &DecideCtx<'_>,
+) -> AllDecision {
+    let evals: Vec<Evaluation> = checks
+        .iter()
+        .map(|(state, target, _)| state.evaluate(target, cost, ctx))
+        .collect();
+    let allowed = checks
+        .iter()
+        .zip(&evals)
+        .all(|((_, _, mode), ev)| ev.would_allow || *mode == RuleMode::Shadow);
+    if !dry_run && cost > 0 {
+        for ((state, target, _), ev) in checks.iter_mut().zip(&evals) {
+            state.commit(target, cost, allowed && ev.would_allow, ev, ctx);
+        }
+    }
+    let results: Vec<Decision> = checks
+        .iter()
+        .zip(&evals)
+        .map(|((_, target, mode), ev)| {
+            let mut d = decision_of(target.algorithm, *mode, cost, ev, dry_run, ctx);
+            if !allowed && d.allowed && *mode == RuleMode::Enforce {
+                // Allowed on its own but the call was denied: nothing was consumed.
+                d.remaining = ev.available;
+                d.allowed = false;
+                d.retry_after_ms = 0;
+            }
+            d
+        })
+        .collect();
+    let binding = results
+        .iter()
+        .zip(checks.iter())
+        .position(|(d, (_, _, mode))| !d.would_allow && *mode == RuleMode::Enforce)
+        .unwrap_or_else(|| {
+            (0..results.len())
+                .min_by_key(|&i| results[i].remaining)
+                .unwrap_or(0)
+        });
+    AllDecision {
+        allowed,
+        binding,
+        results,
+    }
+}
+
+fn decision_of(
+    algo: &Algorithm,
+    mode: RuleMode,
+    cost: u64,
+    ev: &Evaluation,
+    dry_run: bool,
+    ctx: &DecideCtx<'_>,
+) -> Decision {
+    let consumed = ev.would_allow && !dry_run;
+    let remaining = if consumed {
+        ev.available.saturating_sub(cost)
+    } else {
+        ev.available
+    };
+    Decision {
+        allowed: ev.would_allow || mode == RuleMode::Shadow,
+        would_allow: ev.would_allow,
+        limit: algo.capacity(),
+        remaining: remaining.min(algo.capacity()),
+        reset_after_ms: ev.reset_after_ms,
+        retry_after_ms: ev.retry_after_ms,
+        mode,
+        degraded: ctx.view.degraded(),
+    }
+}
+
+/// This node's static share of the target's capacity.
+#[inline]
+fn base_of(target: &Target<'_>, ctx: &DecideCtx<'_>) -> u64 {
+    match target.split {
+        Some(split) => split.get(usize::from(ctx.me.0)).copied().unwrap_or(0),
+        None => ctx.replicas.split(target.algorithm.capacity())[usize::from(ctx.me.0)],
+    }
+}
+
+/// Rights a node holds: its static share plus what it received minus what it gave.
+#[inline]
+pub(crate) fn holdings(base: u64, transfers: &TransferMatrix, node: NodeIdx) -> u64 {
+    if transfers.is_empty() {
+        return base;
+    }
+    (i128::from(base) + transfers.net(node)).clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// A sub-bucket's level at `now`: the register's level plus refill at the node's rate,
+/// capped at its capacity. Refill floors, so rounding never creates tokens.
+#[inline]
+pub(crate) fn project(
+    reg: &BucketReg,
+    units: u64,
+    rate: u64,
+    per_ms: u64,
+    burst: u64,
+    now: Millis,
+) -> i128 {
+    let cap = i128::from(units) * NANO;
+    let level = i128::from(reg.level_nt);
+    if level >= cap {
+        return cap;
+    }
+    let dt = i128::from(now.saturating_sub(reg.at));
+    let refill =
+        dt * i128::from(units) * i128::from(rate) * NANO / (i128::from(burst) * i128::from(per_ms));
+    (level + refill).min(cap)
+}
+
+/// The threshold of a class (threshold method): `min_fill` of the capacity, rounded up.
+#[inline]
+fn threshold(min_fill_ppm: u32, capacity: u64) -> u64 {
+    if min_fill_ppm == 0 {
+        return 0;
+    }
+    (u128::from(capacity) * u128::from(min_fill_ppm)).div_ceil(1_000_000) as u64
+}
+
+/// Optimistic mode: global usage (scaled by `scale`), where every unreachable region counts
+/// as having consumed `max(last known, its full share)`.
+fn assumed_usage(
+    ctx: &DecideCtx<'_>,
+    limit: u64,
+    used_of: impl Fn(NodeIdx) -> u128,
+    scale: u128,
+) -> u128 {
+    let replicas = ctx.replicas;
+    if ctx.view.unreachable.is_empty() {
+        return replicas.nodes().map(&used_of).sum();
+    }
+    let split = replicas.split(limit);
+    let mut total = 0u128;
+    for r in replicas.regions() {
+        let nodes = replicas.region_nodes(r);
+        let known: u128 = nodes.iter().map(|&n| used_of(n)).sum();
+        let unreachable = ctx.view.unreachable.contains(r) && replicas.region_of(ctx.me) != r;
+        total += if unreachable {
+            let share: u128 = nodes
+                .iter()
+                .map(|n| u128::from(split[usize::from(n.0)]))
+                .sum();
+            known.max(share * scale)
+        } else {
+            known
+        };
+    }
+    total
+}
+
+/// Optimistic mode: what may still be taken before the next sync — the region's share (or,
+/// acting alone, the node's share) of what was left at the last sync, less what was taken.
+fn allowance_room(a: &Allowance, full: impl Into<i128>, ctx: &DecideCtx<'_>) -> i128 {
+    let full: i128 = full.into();
+    let replicas = ctx.replicas;
+    let share = if ctx.view.acting_alone {
+        replicas.node_share(ctx.me)
+    } else {
+        replicas.region_share(replicas.region_of(ctx.me))
+    };
+    if share >= 1.0 {
+        return full;
+    }
+    let cap = ((a.left as f64) * share).floor() as i128;
+    cap.max(0) - a.taken
+}
+
+/// Sliding window: the earliest time at which `need` more tokens fit under `held`, if
+/// nothing else happens. Usage is `cur + prev × (w − el) / w` now, and `cur × (w − el') / w`
+/// in the next window.
+fn sliding_retry(held: u128, cur: u128, prev: u128, need: u128, w: u128, el: u128) -> u64 {
+    if need > held {
+        return (2 * w - el) as u64;
+    }
+    // In the current window: prev × (w − t) ≤ (held − cur − need) × w.
+    if held >= cur + need && prev > 0 {
+        let room = (held - cur - need) * w;
+        let t = w - room / prev; // first el' with prev × (w − el') ≤ room
+        if t < w {
+            return (t.saturating_sub(el)).max(1) as u64;
+        }
+    }
+    // In the next window: cur × (w − t') ≤ (held − need) × w.
+    let room = (held - need) * w;
+    let t = room.checked_div(cur).map_or(0, |q| w.saturating_sub(q));
+    ((w - el) + t).max(1) as u64
+}
+
+#[inline]
+fn ceil_div(a: i128, b: i128) -> i128 {
+    if a <= 0 { 0 } else { (a + b - 1) / b }
+}
+
+#[inline]
+fn region_index(replicas: &ReplicaSet, n: NodeIdx) -> usize {
+    if usize::from(n.0) < replicas.len() {
+        usize::from(replicas.region_of(n).0)
+    } else {
+        usize::MAX
+    }
+}
+
+/// Epochs a key keeps: a few past ones (late deltas, the sliding window's previous one) and
+/// the next one (rights given ahead of time).
+fn retained_range(algo: &Algorithm, now: Millis) -> (u64, u64) {
+    let e = algo.epoch(now);
+    (e.saturating_sub(algo.retained_epochs() - 1), e + 1)
+}
