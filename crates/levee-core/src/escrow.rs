@@ -22,7 +22,7 @@ use crate::crdt::{DemandReg, TransferMatrix};
 use crate::decision::{ClusterView, Consistency};
 use crate::replica::{NodeIdx, ReplicaSet};
 use crate::rule::{Algorithm, Target};
-use crate::state::{KeyState, NANO, holdings, project};
+use crate::state::{KeyState, NANO, holdings, sub_bucket_level};
 use crate::time::Millis;
 
 /// Extra demand a node keeps for itself above its forecast, in percent.
@@ -302,10 +302,13 @@ impl KeyState {
                     let base =
                         base.unwrap_or_else(|| ctx.replicas.split(burst)[usize::from(ctx.me.0)]);
                     let units_before = holdings(base, &self.crdt.holdings, ctx.me);
-                    let level = match self.crdt.buckets.get(ctx.me) {
-                        Some(reg) => project(reg, units_before, rate, per_ms, burst, ctx.now),
-                        None => i128::from(units_before) * NANO,
-                    };
+                    let level = sub_bucket_level(
+                        self.crdt.buckets.get(ctx.me),
+                        base,
+                        units_before,
+                        (rate, per_ms, burst),
+                        ctx.now,
+                    );
                     let cap_after = i128::from(units_before - units.min(units_before)) * NANO;
                     self.crdt.holdings.give(ctx.me, to, units);
                     self.set_level(ctx.me, level.min(cap_after), ctx.now);

@@ -251,10 +251,13 @@ impl KeyState {
                 for n in replicas.nodes() {
                     let units = holdings(base[n.0 as usize], &self.crdt.holdings, n);
                     let cap = i128::from(units) * NANO;
-                    let level = match self.crdt.buckets.get(n) {
-                        Some(reg) => project(reg, units, rate, per_ms, burst, now),
-                        None => cap,
-                    };
+                    let level = sub_bucket_level(
+                        self.crdt.buckets.get(n),
+                        base[n.0 as usize],
+                        units,
+                        (rate, per_ms, burst),
+                        now,
+                    );
                     let deficit = (cap - level).max(0);
                     deficit_total += deficit;
                     if let Some(r) = regions.get_mut(region_index(replicas, n)) {
@@ -632,12 +635,16 @@ impl KeyState {
         else {
             return (0, 0);
         };
-        let units = holdings(base_of(target, ctx), &self.crdt.holdings, ctx.me);
+        let base = base_of(target, ctx);
+        let units = holdings(base, &self.crdt.holdings, ctx.me);
         let cap = i128::from(units) * NANO;
-        let level = match self.crdt.buckets.get(ctx.me) {
-            Some(reg) => project(reg, units, rate, per_ms, burst, ctx.now),
-            None => cap,
-        };
+        let level = sub_bucket_level(
+            self.crdt.buckets.get(ctx.me),
+            base,
+            units,
+            (rate, per_ms, burst),
+            ctx.now,
+        );
         (level, cap)
     }
 
@@ -659,11 +666,13 @@ impl KeyState {
         let mut total = 0i128;
         for n in replicas.nodes() {
             let units = base[n.0 as usize];
-            let cap = i128::from(units) * NANO;
-            let level = match self.crdt.buckets.get(n) {
-                Some(reg) => project(reg, units, rate, per_ms, burst, ctx.now),
-                None => cap,
-            };
+            let level = sub_bucket_level(
+                self.crdt.buckets.get(n),
+                units,
+                units,
+                (rate, per_ms, burst),
+                ctx.now,
+            );
             let reachable = n == ctx.me || !ctx.view.unreachable.contains(replicas.region_of(n));
             total += if reachable { level } else { level.min(0) };
         }
@@ -855,6 +864,23 @@ pub(crate) fn project(
     let refill =
         dt * i128::from(units) * i128::from(rate) * NANO / (i128::from(burst) * i128::from(per_ms));
     (level + refill).min(cap)
+}
+
+/// A node's sub-bucket level at `now`. A node that never wrote its register starts full at
+/// its static share; rights it received before its first write arrive empty (they refill
+/// from then on), so receiving never creates tokens.
+#[inline]
+pub(crate) fn sub_bucket_level(
+    reg: Option<&BucketReg>,
+    base: u64,
+    units: u64,
+    (rate, per_ms, burst): (u64, u64, u64),
+    now: Millis,
+) -> i128 {
+    match reg {
+        Some(reg) => project(reg, units, rate, per_ms, burst, now),
+        None => i128::from(base.min(units)) * NANO,
+    }
 }
 
 /// The threshold of a class (threshold method): `min_fill` of the capacity, rounded up.
