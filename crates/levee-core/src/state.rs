@@ -440,14 +440,11 @@ impl KeyState {
                 (held.saturating_sub(own), held, Allowance::default())
             }
             Consistency::Optimistic => {
-                let used = slot.map_or(0, |s| {
-                    assumed_usage(
-                        ctx,
-                        limit,
-                        |n| s.tallies.get(n).map_or(0, |t| u128::from(t.net())),
-                        1,
-                    )
-                }) as i128;
+                let net = |n| {
+                    slot.and_then(|s| s.tallies.get(n))
+                        .map_or(0, |t| u128::from(t.net()))
+                };
+                let used = assumed_usage(ctx, limit, net, 1) as i128;
                 let left = i128::from(limit) - used;
                 let allowance = self.allowance(left, e, ctx);
                 let avail = left.min(allowance_room(&allowance, limit, ctx)).max(0) as u64;
@@ -923,18 +920,27 @@ fn assumed_usage(
     total
 }
 
-/// Optimistic mode: what may still be taken before the next sync — the region's share (or,
-/// acting alone, the node's share) of what was left at the last sync, less what was taken.
+/// Optimistic mode: what may still be taken before the next sync — the region's share of
+/// what was left at the last sync, less what was taken since. The share is taken among the
+/// regions that can still consume: unreachable regions are already counted at their full
+/// share, so a region cut off from every other may take all that is left (its own share).
+/// A node acting alone for its region takes its own slice of the region's part.
 fn allowance_room(a: &Allowance, full: impl Into<i128>, ctx: &DecideCtx<'_>) -> i128 {
     let full: i128 = full.into();
     let replicas = ctx.replicas;
-    let share = if ctx.view.acting_alone {
-        replicas.node_share(ctx.me)
-    } else {
-        replicas.region_share(replicas.region_of(ctx.me))
-    };
-    if share >= 1.0 {
-        return full;
+    let mine = replicas.region_of(ctx.me);
+    let region = replicas.region_share(mine);
+    let competing: f64 = replicas
+        .regions()
+        .filter(|&r| r == mine || !ctx.view.unreachable.contains(r))
+        .map(|r| replicas.region_share(r))
+        .sum();
+    let mut share = region / competing;
+    if ctx.view.acting_alone {
+        share *= replicas.node_share(ctx.me) / region;
+    }
+    if share >= 1.0 - 1e-12 {
+        return full.min(a.left) - a.taken;
     }
     let cap = ((a.left as f64) * share).floor() as i128;
     cap.max(0) - a.taken

@@ -1,0 +1,257 @@
+//! Optimistic mode: admission against merged global usage, the per-sync allowance, and the
+//! conservative local cap when other regions are unreachable.
+
+use levee_core::rule::AlgorithmName;
+use levee_core::{
+    ClusterView, Consistency, DecideCtx, HumanDuration, KeyCrdt, KeyState, NodeIdx, RegionIdx,
+    RegionMask, ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
+};
+
+const T0: u64 = 1_800_000_000_000; // aligned to the minute
+
+fn three_regions() -> ReplicaSet {
+    let regions = [
+        ("ap".to_owned(), 1),
+        ("eu".to_owned(), 1),
+        ("us".to_owned(), 1),
+    ];
+    let nodes: Vec<ReplicaSpec> = ["ap", "eu", "us"]
+        .iter()
+        .map(|r| ReplicaSpec {
+            id: format!("{r}-1"),
+            region: (*r).to_owned(),
+            weight: None,
+        })
+        .collect();
+    ReplicaSet::new(&regions, &nodes).unwrap()
+}
+
+fn rule(algorithm: AlgorithmName, amount: u64, replicas: &ReplicaSet) -> Rule {
+    let minute = Some(HumanDuration::from_millis(60_000));
+    let base = RuleSpec {
+        name: "r".into(),
+        algorithm,
+        rate: None,
+        per: None,
+        burst: None,
+        limit: None,
+        window: None,
+        period: None,
+        mode: RuleMode::Enforce,
+        key_from: None,
+        class_method: None,
+        classes: vec![],
+    };
+    let spec = match algorithm {
+        // A bucket that refills very slowly, so the test measures the burst.
+        AlgorithmName::TokenBucket => RuleSpec {
+            rate: Some(1),
+            per: Some(HumanDuration::from_millis(86_400_000)),
+            burst: Some(amount),
+            ..base
+        },
+        _ => RuleSpec {
+            limit: Some(amount),
+            window: minute,
+            ..base
+        },
+    };
+    let mut rule = spec.validate().unwrap();
+    rule.bind(replicas);
+    rule
+}
+
+/// A delta saying `node` consumed `amount` in the window of `T0`.
+fn consumed_by(node: NodeIdx, amount: u64, rule: &Rule) -> KeyCrdt {
+    let mut k = KeyCrdt::default();
+    let tally = k.slot_mut(rule.algorithm.epoch(T0)).tallies.entry(node);
+    tally.consumed = amount;
+    tally.requested = amount;
+    k
+}
+
+fn view(unreachable: RegionMask, sync_gen: u64) -> ClusterView {
+    ClusterView {
+        consistency: Consistency::Optimistic,
+        unreachable,
+        sync_gen,
+        acting_alone: false,
+    }
+}
+
+fn admit_all(key: &mut KeyState, rule: &Rule, ctx: &DecideCtx<'_>) -> u64 {
+    let target = rule.target(None, 1).unwrap();
+    let mut n = 0;
+    while key
+        .decide(&target, RuleMode::Enforce, 1, false, ctx)
+        .allowed
+    {
+        n += 1;
+        assert!(n <= 10_000, "runaway admission");
+    }
+    n
+}
+
+fn others_unreachable(replicas: &ReplicaSet, me: NodeIdx) -> RegionMask {
+    let mine = replicas.region_of(me);
+    replicas
+        .regions()
+        .filter(|&r| r != mine)
+        .fold(RegionMask::EMPTY, RegionMask::with)
+}
+
+#[test]
+fn with_every_other_region_cut_off_a_region_admits_at_most_its_share() {
+    let replicas = three_regions();
+    for algorithm in [
+        AlgorithmName::FixedWindow,
+        AlgorithmName::SlidingWindow,
+        AlgorithmName::TokenBucket,
+    ] {
+        let rule = rule(algorithm, 300, &replicas);
+        let me = NodeIdx(1);
+        let ctx = DecideCtx {
+            now: T0,
+            me,
+            replicas: &replicas,
+            view: view(others_unreachable(&replicas, me), 0),
+        };
+        let mut key = KeyState::new();
+        let admitted = admit_all(&mut key, &rule, &ctx);
+        assert_eq!(admitted, 100, "{algorithm:?}");
+        let target = rule.target(None, 1).unwrap();
+        let d = key.decide(&target, RuleMode::Enforce, 1, false, &ctx);
+        assert!(d.degraded, "a decision under a conservative cap says so");
+    }
+}
+
+#[test]
+fn between_two_syncs_a_region_takes_at_most_its_share_of_what_was_left() {
+    let replicas = three_regions();
+    let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
+    let mut key = KeyState::new();
+    let mut admitted = vec![];
+    for sync_gen in 0..4 {
+        let ctx = DecideCtx {
+            now: T0,
+            me: NodeIdx(0),
+            replicas: &replicas,
+            view: view(RegionMask::EMPTY, sync_gen),
+        };
+        admitted.push(admit_all(&mut key, &rule, &ctx));
+    }
+    // A third of 300, then a third of the 200 left, and so on.
+    assert_eq!(admitted, vec![100, 66, 44, 30]);
+}
+
+#[test]
+fn remote_usage_merged_from_a_delta_is_counted() {
+    let replicas = three_regions();
+    let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
+    let target = rule.target(None, 1).unwrap();
+    // Region us has consumed 250 and gossips it.
+    let delta = consumed_by(NodeIdx(2), 250, &rule);
+    let mut key = KeyState::new();
+    let ctx = DecideCtx {
+        now: T0,
+        me: NodeIdx(0),
+        replicas: &replicas,
+        view: view(RegionMask::EMPTY, 7),
+    };
+    key.merge(&delta, &target, &ctx).unwrap();
+    // 50 are left; this region may take a third of them before the next sync.
+    assert_eq!(admit_all(&mut key, &rule, &ctx), 16);
+    let usage = key.usage(&target, &ctx);
+    assert_eq!(usage.used, 266);
+    assert_eq!(usage.regions, vec![16, 0, 250]);
+}
+
+#[test]
+fn an_unreachable_region_counts_as_its_last_known_usage_when_that_is_above_its_share() {
+    let replicas = three_regions();
+    let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
+    let target = rule.target(None, 1).unwrap();
+    let mut key = KeyState::new();
+    let us = RegionMask::EMPTY.with(RegionIdx(2));
+    let ctx = DecideCtx {
+        now: T0,
+        me: NodeIdx(0),
+        replicas: &replicas,
+        view: view(us, 1),
+    };
+    key.merge(&consumed_by(NodeIdx(2), 180, &rule), &target, &ctx)
+        .unwrap();
+    // us is assumed at max(180, 100) = 180: 120 left, shared by the two regions that can
+    // still consume, so 60 before the next sync.
+    assert_eq!(admit_all(&mut key, &rule, &ctx), 60);
+    // Had us used less than its share, it would count as its full share: 100.
+    let mut other = KeyState::new();
+    other
+        .merge(&consumed_by(NodeIdx(2), 30, &rule), &target, &ctx)
+        .unwrap();
+    assert_eq!(admit_all(&mut other, &rule, &ctx), 100);
+}
+
+#[test]
+fn regions_that_sync_together_never_exceed_the_limit() {
+    // Every round each region takes what it may, then all exchange full states and sync.
+    let replicas = three_regions();
+    for algorithm in [
+        AlgorithmName::FixedWindow,
+        AlgorithmName::SlidingWindow,
+        AlgorithmName::TokenBucket,
+    ] {
+        let rule = rule(algorithm, 1_000, &replicas);
+        let target = rule.target(None, 1).unwrap();
+        let mut keys = vec![KeyState::new(), KeyState::new(), KeyState::new()];
+        let mut total = 0;
+        for round in 0..20u64 {
+            for (i, key) in keys.iter_mut().enumerate() {
+                let ctx = DecideCtx {
+                    now: T0 + round,
+                    me: NodeIdx(i as u16),
+                    replicas: &replicas,
+                    view: view(RegionMask::EMPTY, round),
+                };
+                total += admit_all(key, &rule, &ctx);
+            }
+            let states: Vec<_> = keys.iter().map(|k| k.crdt().clone()).collect();
+            for (i, key) in keys.iter_mut().enumerate() {
+                let ctx = DecideCtx {
+                    now: T0 + round,
+                    me: NodeIdx(i as u16),
+                    replicas: &replicas,
+                    view: view(RegionMask::EMPTY, round),
+                };
+                for s in &states {
+                    key.merge(s, &target, &ctx).unwrap();
+                }
+            }
+        }
+        assert!(total <= 1_000, "{algorithm:?}: admitted {total}");
+        assert!(
+            total >= 990,
+            "{algorithm:?}: the limit is nearly used up after 20 rounds: {total}"
+        );
+    }
+}
+
+#[test]
+fn the_first_decision_on_a_fresh_key_already_assumes_unreachable_regions_consumed_their_share() {
+    let replicas = three_regions();
+    let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
+    let target = rule.target(None, 1).unwrap();
+    let me = NodeIdx(0);
+    let ctx = DecideCtx {
+        now: T0,
+        me,
+        replicas: &replicas,
+        view: view(others_unreachable(&replicas, me), 0),
+    };
+    let d = KeyState::new().decide(&target, RuleMode::Enforce, 1, false, &ctx);
+    assert!(d.allowed);
+    assert_eq!(
+        d.remaining, 99,
+        "only this region's share of 100 is available"
+    );
+}
