@@ -203,7 +203,7 @@ fn regions_that_sync_together_never_exceed_the_limit() {
     ] {
         let rule = rule(algorithm, 1_000, &replicas);
         let target = rule.target(None, 1).unwrap();
-        let mut keys = vec![KeyState::new(), KeyState::new(), KeyState::new()];
+        let mut keys = [KeyState::new(), KeyState::new(), KeyState::new()];
         let mut total = 0;
         for round in 0..20u64 {
             for (i, key) in keys.iter_mut().enumerate() {

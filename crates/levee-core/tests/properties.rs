@@ -267,7 +267,7 @@ impl Cluster {
                 let rctx = RebalanceCtx {
                     now: *now,
                     me,
-                    replicas: &replicas,
+                    replicas,
                     view: ctx(node).view,
                     owner,
                     max_in_flight: rule.algorithm.capacity() / 4 + 1,
