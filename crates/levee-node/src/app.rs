@@ -1,0 +1,242 @@
+//! The running node's shared state: configuration, limiter, readiness, reload.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::http::HeaderMap;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+
+use crate::config::{Config, ConfigError};
+use crate::limiter::{ApiError, Clock, Limiter};
+
+/// Everything the HTTP handlers and background tasks share.
+pub struct App {
+    /// The configuration in force.
+    pub config: ArcSwap<Config>,
+    /// Rules, keys and decisions.
+    pub limiter: Limiter,
+    /// `/readyz` answers 200 once set.
+    pub ready: AtomicBool,
+    /// Set when shutdown begins.
+    pub shutting_down: AtomicBool,
+    /// The Prometheus exposition.
+    pub prometheus: &'static PrometheusHandle,
+}
+
+/// `/v1/cluster` for a node.
+#[derive(Debug, Serialize)]
+pub struct ClusterStatus {
+    /// This node.
+    pub node: NodeStatus,
+    /// `strict` or `optimistic`.
+    pub mode: &'static str,
+    /// Whether this node decides under conservative caps.
+    pub degraded: bool,
+    /// Every peer.
+    pub peers: Vec<PeerStatus>,
+    /// Every region.
+    pub regions: Vec<RegionStatus>,
+}
+
+/// This node in `/v1/cluster`.
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    /// Node id.
+    pub id: String,
+    /// Region.
+    pub region: String,
+    /// HTTP address.
+    pub http: String,
+}
+
+/// A peer in `/v1/cluster`.
+#[derive(Debug, Serialize)]
+pub struct PeerStatus {
+    /// Node id.
+    pub id: String,
+    /// Region.
+    pub region: String,
+    /// Where this node reaches it.
+    pub addr: String,
+    /// Whether it was heard from within `suspect_after`.
+    pub reachable: bool,
+    /// Milliseconds since it was last heard from (`null`: never).
+    pub last_heard_ms: Option<u64>,
+}
+
+/// A region in `/v1/cluster`.
+#[derive(Debug, Serialize)]
+pub struct RegionStatus {
+    /// Region name.
+    pub name: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Whether any of its nodes is reachable (always true for this node's region).
+    pub reachable: bool,
+}
+
+impl App {
+    /// A node's state for a configuration.
+    pub fn new(config: Config, clock: Clock, prometheus: &'static PrometheusHandle) -> App {
+        let limiter = Limiter::new(&config, clock);
+        App {
+            config: ArcSwap::from_pointee(config),
+            limiter,
+            ready: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+            prometheus,
+        }
+    }
+
+    /// The request time limit.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.load().api.request_timeout.as_millis())
+    }
+
+    /// The largest body accepted.
+    pub fn max_body(&self) -> usize {
+        usize::try_from(self.config.load().api.max_body.0).unwrap_or(usize::MAX)
+    }
+
+    /// Most checks in one call.
+    pub fn max_batch(&self) -> usize {
+        self.config.load().api.max_batch
+    }
+
+    /// Checks the admin bearer token, when one is configured.
+    pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let config = self.config.load();
+        let Some(token) = config.api.admin_token.as_deref() else {
+            return Ok(());
+        };
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
+            Some(_) => Err(ApiError { status: 401, code: "unauthorized", message: "Authorization: wrong bearer token".into() }),
+            None => Err(ApiError {
+                status: 401,
+                code: "unauthorized",
+                message: "Authorization: a bearer token is required (Authorization: Bearer <admin token>)".into(),
+            }),
+        }
+    }
+
+    /// Re-reads the configuration file. On error the running configuration stays in force,
+    /// the error is logged and counted, and returned. Returns the number of rules loaded.
+    pub fn reload(&self, trigger: &str) -> Result<usize, ConfigError> {
+        let current = self.config.load_full();
+        let Some(path) = current.path.clone() else {
+            tracing::info!(
+                trigger,
+                "reload requested; running on the embedded configuration, nothing to re-read"
+            );
+            crate::metrics::reload(true);
+            return Ok(current.rules.len());
+        };
+        match Config::load(&path) {
+            Ok(new) => {
+                if let Some(why) = restart_needed(&current, &new) {
+                    let e = ConfigError {
+                        source_name: path.display().to_string(),
+                        line: None,
+                        field: why.into(),
+                        message: "changes only on restart; the running configuration is kept"
+                            .into(),
+                    };
+                    tracing::error!(trigger, error = %e, "configuration reload refused");
+                    crate::metrics::reload(false);
+                    return Err(e);
+                }
+                let rules = new.rules.len();
+                self.limiter.replace_rules(&new);
+                self.config.store(Arc::new(new));
+                tracing::info!(trigger, rules, path = %path.display(), "configuration reloaded");
+                crate::metrics::reload(true);
+                Ok(rules)
+            }
+            Err(e) => {
+                tracing::error!(trigger, error = %e, "configuration reload failed; the running configuration is kept");
+                crate::metrics::reload(false);
+                Err(e)
+            }
+        }
+    }
+
+    /// The cluster as this node sees it.
+    pub fn cluster_status(&self) -> ClusterStatus {
+        let config = self.config.load();
+        let rules = self.limiter.rules();
+        let node = NodeStatus {
+            id: config.node.id.clone(),
+            region: config.node.region.clone(),
+            http: config.node.http.to_string(),
+        };
+        let regions = match &config.cluster {
+            None => vec![RegionStatus {
+                name: config.node.region.clone(),
+                weight: 1,
+                reachable: true,
+            }],
+            Some(c) => c
+                .regions
+                .iter()
+                .map(|(name, w)| RegionStatus {
+                    name: name.clone(),
+                    weight: *w,
+                    reachable: true,
+                })
+                .collect(),
+        };
+        ClusterStatus {
+            node,
+            mode: rules.consistency.as_str(),
+            degraded: false,
+            peers: Vec::new(),
+            regions,
+        }
+    }
+
+    /// Marks the node ready (or not).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+}
+
+/// Which changed setting a reload cannot apply (addresses, identity, cluster membership).
+fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
+    if old.node.http != new.node.http {
+        return Some("node.http");
+    }
+    if old.node.id != new.node.id || old.node.region != new.node.region {
+        return Some("node.id");
+    }
+    if old.node.gossip != new.node.gossip {
+        return Some("node.gossip");
+    }
+    if old.node.data_dir != new.node.data_dir {
+        return Some("node.data_dir");
+    }
+    if old.node.max_keys != new.node.max_keys {
+        return Some("node.max_keys");
+    }
+    if old.replicas.digest() != new.replicas.digest()
+        || old.cluster.is_some() != new.cluster.is_some()
+    {
+        return Some("cluster");
+    }
+    None
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,621 @@
+//! The limiter: rules, the key store and the idempotency cache, behind the operations the
+//! HTTP API offers. Every bad input is refused here with an [`ApiError`] naming the field,
+//! before any counter is touched.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use levee_core::{
+    AllDecision, ClusterView, Consistency, DecideCtx, Decision, KeyState, NodeIdx, ReplicaSet,
+    Rule, RuleMode, Target, Usage, decide_all,
+};
+use moka::sync::Cache;
+use parking_lot::MutexGuard;
+
+use crate::config::Config;
+use crate::metrics::{NodeMetrics, RuleMetrics};
+use crate::store::{KeyId, Slot, Store, encode_id};
+
+/// The longest key, in bytes.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// An error answered to the caller: HTTP status, error code and a message naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Machine-readable code (`invalid_request`, `unknown_rule` …).
+    pub code: &'static str,
+    /// What was wrong, naming the field.
+    pub message: String,
+}
+
+impl ApiError {
+    /// `400 invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            code: "invalid_request",
+            message: message.into(),
+        }
+    }
+
+    fn unknown_rule(field: &str, rule: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            code: "unknown_rule",
+            message: format!("{field}: no rule named {rule:?} is configured"),
+        }
+    }
+}
+
+/// The node's clock: wall-clock milliseconds since the Unix epoch, plus an offset that only
+/// tests set (to simulate a skewed node).
+#[derive(Debug, Default)]
+pub struct Clock {
+    offset_ms: AtomicI64,
+}
+
+impl Clock {
+    /// A clock with `offset_ms` added to the system time.
+    pub fn with_offset(offset_ms: i64) -> Clock {
+        Clock {
+            offset_ms: AtomicI64::new(offset_ms),
+        }
+    }
+
+    /// Milliseconds since the Unix epoch.
+    #[inline]
+    pub fn now_ms(&self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+            .as_millis() as i64;
+        (now + self.offset_ms.load(Ordering::Relaxed)).max(0) as u64
+    }
+}
+
+/// A configured rule with its metric handles.
+pub struct RuleEntry {
+    /// The validated rule, bound to the replica set.
+    pub rule: Rule,
+    /// Its counters.
+    pub metrics: RuleMetrics,
+}
+
+/// The rules in force, swapped whole on reload.
+pub struct RuleSet {
+    /// Rules by name.
+    pub by_name: HashMap<String, Arc<RuleEntry>>,
+    /// Rules in configuration order.
+    pub ordered: Vec<Arc<RuleEntry>>,
+    /// The agreed replica set.
+    pub replicas: ReplicaSet,
+    /// This node's index in it.
+    pub me: NodeIdx,
+    /// Strict or optimistic.
+    pub consistency: Consistency,
+}
+
+impl RuleSet {
+    /// Builds the rule set of a configuration.
+    pub fn from_config(config: &Config) -> RuleSet {
+        let ordered: Vec<Arc<RuleEntry>> = config
+            .rules
+            .iter()
+            .map(|r| {
+                Arc::new(RuleEntry {
+                    rule: r.clone(),
+                    metrics: RuleMetrics::new(&r.name),
+                })
+            })
+            .collect();
+        let by_name = ordered
+            .iter()
+            .map(|e| (e.rule.name.clone(), Arc::clone(e)))
+            .collect();
+        let me = config
+            .replicas
+            .node_by_id(&config.node.id)
+            .unwrap_or(NodeIdx(0));
+        let consistency = config.cluster.as_ref().map(|c| c.mode).unwrap_or_default();
+        RuleSet {
+            by_name,
+            ordered,
+            replicas: config.replicas.clone(),
+            me,
+            consistency,
+        }
+    }
+
+    fn get(&self, field: &str, name: &str) -> Result<&Arc<RuleEntry>, ApiError> {
+        self.by_name
+            .get(name)
+            .ok_or_else(|| ApiError::unknown_rule(field, name))
+    }
+}
+
+/// One check as the API receives it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    /// The rule's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// Tokens the request takes (default 1).
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// Consumer class.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Retry identity.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// Decide without consuming.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// One entry of an atomic `all` call.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllEntry {
+    /// The rule's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// Consumer class.
+    #[serde(default)]
+    pub class: Option<String>,
+}
+
+/// A decision with what the answer needs to say about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The rule's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The decision.
+    pub decision: Decision,
+    /// The window the `RateLimit-Policy` header announces, in seconds.
+    pub window_secs: u64,
+}
+
+/// The answer to an atomic call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllOutcome {
+    /// Whether every rule allowed.
+    pub allowed: bool,
+    /// Index of the binding rule.
+    pub binding: usize,
+    /// One outcome per entry.
+    pub results: Vec<Outcome>,
+}
+
+/// A key's usage with its names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageOutcome {
+    /// The rule's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The figures.
+    pub usage: Usage,
+    /// Region names, in the order of `usage.regions`.
+    pub region_names: Vec<String>,
+}
+
+#[derive(Clone)]
+enum Cached {
+    One(Decision),
+    All(AllDecision),
+}
+
+/// A resolved check: the rule, the bucket target and the stored identity.
+struct Resolved<'a> {
+    entry: &'a Arc<RuleEntry>,
+    target: Target<'a>,
+    id: KeyId,
+}
+
+/// The limiter of one node.
+pub struct Limiter {
+    rules: ArcSwap<RuleSet>,
+    store: Store,
+    idempotency: Cache<(KeyId, String), (Cached, u64)>,
+    /// The node's clock.
+    pub clock: Clock,
+    metrics: NodeMetrics,
+    view: ArcSwap<ClusterView>,
+}
+
+impl Limiter {
+    /// A limiter for a configuration.
+    pub fn new(config: &Config, clock: Clock) -> Limiter {
+        let rules = RuleSet::from_config(config);
+        let view = ClusterView {
+            consistency: rules.consistency,
+            ..ClusterView::alone()
+        };
+        Limiter {
+            rules: ArcSwap::from_pointee(rules),
+            store: Store::new(config.node.max_keys),
+            idempotency: Cache::builder()
+                .max_capacity(config.api.idempotency_capacity)
+                .expire_after(IdempotencyExpiry)
+                .build(),
+            clock,
+            metrics: NodeMetrics::new(),
+            view: ArcSwap::from_pointee(view),
+        }
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> arc_swap::Guard<Arc<RuleSet>> {
+        self.rules.load()
+    }
+
+    /// Replaces the rules (after a reload). Keys of rules that no longer exist, or whose
+    /// algorithm or figures changed, are dropped: their counts mean nothing under the new rule.
+    pub fn replace_rules(&self, config: &Config) {
+        let new = RuleSet::from_config(config);
+        let old = self.rules.load_full();
+        let keep: HashMap<&str, bool> = new
+            .by_name
+            .iter()
+            .map(|(name, e)| {
+                let same = old.by_name.get(name).is_some_and(|o| {
+                    o.rule.algorithm == e.rule.algorithm && o.rule.classes == e.rule.classes
+                });
+                (name.as_str(), same)
+            })
+            .collect();
+        self.store.retain(|id, _| {
+            crate::store::decode_id(id)
+                .is_some_and(|(rule, _, _)| keep.get(rule).copied().unwrap_or(false))
+        });
+        self.view.store(Arc::new(ClusterView {
+            consistency: new.consistency,
+            ..**self.view.load()
+        }));
+        self.rules.store(Arc::new(new));
+    }
+
+    /// The key store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Process-wide metric handles.
+    pub fn metrics(&self) -> &NodeMetrics {
+        &self.metrics
+    }
+
+    fn ctx<'a>(&self, rules: &'a RuleSet, now: u64) -> DecideCtx<'a> {
+        DecideCtx {
+            now,
+            me: rules.me,
+            replicas: &rules.replicas,
+            view: **self.view.load(),
+        }
+    }
+
+    fn resolve<'a>(
+        &self,
+        rules: &'a RuleSet,
+        field: &str,
+        rule: &str,
+        key: &str,
+        class: Option<&str>,
+        cost: u64,
+    ) -> Result<Resolved<'a>, ApiError> {
+        let entry = rules.get(&format!("{field}rule"), rule)?;
+        check_key(field, key)?;
+        let target = entry
+            .rule
+            .target(class, cost)
+            .map_err(|e| ApiError::invalid(format!("{field}{e}")))?;
+        let mut buf = Vec::new();
+        encode_id(&mut buf, &entry.rule.name, target.bucket, key);
+        Ok(Resolved {
+            entry,
+            target,
+            id: buf.into(),
+        })
+    }
+
+    /// Decides one check.
+    pub fn check(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+        let rules = self.rules.load();
+        let r = self.resolve(
+            &rules,
+            "",
+            &req.rule,
+            &req.key,
+            req.class.as_deref(),
+            req.cost,
+        )?;
+        let decide = || {
+            let ctx = self.ctx(&rules, self.clock.now_ms());
+            let d = self.store.with(&r.id, |s| {
+                s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, &ctx)
+            });
+            self.record(&r.entry.metrics, &d, req.dry_run);
+            d
+        };
+        let decision = match &req.idempotency_key {
+            Some(k) if !req.dry_run => {
+                let window = r.target.algorithm.policy_window_secs(self.clock.now_ms()) * 1000;
+                let mut fresh = false;
+                let (cached, _) = self.idempotency.get_with((r.id.clone(), k.clone()), || {
+                    fresh = true;
+                    (Cached::One(decide()), window)
+                });
+                if !fresh {
+                    self.metrics.replays.increment(1);
+                }
+                match cached {
+                    Cached::One(d) => d,
+                    Cached::All(_) => {
+                        return Err(ApiError::invalid(
+                            "idempotency_key: already used for an `all` call",
+                        ));
+                    }
+                }
+            }
+            _ => decide(),
+        };
+        Ok(self.outcome(&r, &req.rule, &req.key, decision))
+    }
+
+    /// Decides several checks, each on its own, in order. Every check is validated before any
+    /// is decided.
+    pub fn batch(&self, checks: &[CheckRequest]) -> Result<Vec<Outcome>, ApiError> {
+        let rules = self.rules.load();
+        let mut resolved = Vec::with_capacity(checks.len());
+        for (i, c) in checks.iter().enumerate() {
+            if c.idempotency_key.is_some() {
+                return Err(ApiError::invalid(format!(
+                    "checks[{i}].idempotency_key: not supported in a batch"
+                )));
+            }
+            resolved.push(self.resolve(
+                &rules,
+                &format!("checks[{i}]."),
+                &c.rule,
+                &c.key,
+                c.class.as_deref(),
+                c.cost,
+            )?);
+        }
+        let ctx = self.ctx(&rules, self.clock.now_ms());
+        Ok(checks
+            .iter()
+            .zip(&resolved)
+            .map(|(c, r)| {
+                let d = self.store.with(&r.id, |s| {
+                    s.decide(&r.target, r.entry.rule.mode, c.cost, c.dry_run, &ctx)
+                });
+                self.record(&r.entry.metrics, &d, c.dry_run);
+                self.outcome(r, &c.rule, &c.key, d)
+            })
+            .collect())
+    }
+
+    /// Decides an atomic call over several rules: nothing is consumed unless all allow.
+    pub fn check_all(
+        &self,
+        entries: &[AllEntry],
+        cost: u64,
+        dry_run: bool,
+        idempotency_key: Option<&str>,
+    ) -> Result<AllOutcome, ApiError> {
+        if entries.is_empty() {
+            return Err(ApiError::invalid("all: must hold at least one entry"));
+        }
+        let rules = self.rules.load();
+        let mut resolved = Vec::with_capacity(entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            let r = self.resolve(
+                &rules,
+                &format!("all[{i}]."),
+                &e.rule,
+                &e.key,
+                e.class.as_deref(),
+                cost,
+            )?;
+            if let Some(j) = resolved.iter().position(|p: &Resolved<'_>| p.id == r.id) {
+                return Err(ApiError::invalid(format!(
+                    "all[{i}]: the same rule and key as all[{j}]"
+                )));
+            }
+            resolved.push(r);
+        }
+        let decide = || {
+            let ctx = self.ctx(&rules, self.clock.now_ms());
+            // Lock every key's slot in one global order (sorted ids), never two shard locks.
+            let slots: Vec<_> = resolved.iter().map(|r| self.store.slot(&r.id)).collect();
+            let mut order: Vec<usize> = (0..resolved.len()).collect();
+            order.sort_by(|&a, &b| resolved[a].id.cmp(&resolved[b].id));
+            let mut guards: Vec<(usize, MutexGuard<'_, Slot>)> =
+                order.iter().map(|&i| (i, slots[i].lock())).collect();
+            guards.sort_by_key(|(i, _)| *i);
+            let mut checks: Vec<(&mut KeyState, Target<'_>, RuleMode)> = guards
+                .iter_mut()
+                .zip(&resolved)
+                .map(|((_, g), r)| {
+                    g.hits = g.hits.saturating_add(1);
+                    (&mut g.state, r.target, r.entry.rule.mode)
+                })
+                .collect();
+            let all = decide_all(&mut checks, cost, dry_run, &ctx);
+            for (d, r) in all.results.iter().zip(&resolved) {
+                self.record(&r.entry.metrics, d, dry_run);
+            }
+            all
+        };
+        let all = match idempotency_key {
+            Some(k) if !dry_run => {
+                let mut id: Vec<u8> = Vec::new();
+                for r in &resolved {
+                    id.extend_from_slice(&r.id);
+                    id.push(0xfe);
+                }
+                let window = resolved
+                    .iter()
+                    .map(|r| r.target.algorithm.policy_window_secs(self.clock.now_ms()) * 1000)
+                    .max()
+                    .unwrap_or(1000);
+                let mut fresh = false;
+                let (cached, _) = self.idempotency.get_with((id.into(), k.to_owned()), || {
+                    fresh = true;
+                    (Cached::All(decide()), window)
+                });
+                if !fresh {
+                    self.metrics.replays.increment(1);
+                }
+                match cached {
+                    Cached::All(a) => a,
+                    Cached::One(_) => {
+                        return Err(ApiError::invalid(
+                            "idempotency_key: already used for a single check",
+                        ));
+                    }
+                }
+            }
+            _ => decide(),
+        };
+        let results = all
+            .results
+            .iter()
+            .zip(&resolved)
+            .zip(entries)
+            .map(|((d, r), e)| self.outcome(r, &e.rule, &e.key, *d))
+            .collect();
+        Ok(AllOutcome {
+            allowed: all.allowed,
+            binding: all.binding,
+            results,
+        })
+    }
+
+    /// Gives tokens back.
+    pub fn refund(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        class: Option<&str>,
+    ) -> Result<Outcome, ApiError> {
+        let rules = self.rules.load();
+        let r = self.resolve(&rules, "", rule, key, class, cost)?;
+        let ctx = self.ctx(&rules, self.clock.now_ms());
+        let d = self.store.with(&r.id, |s| s.refund(&r.target, cost, &ctx));
+        Ok(self.outcome(&r, rule, key, d))
+    }
+
+    /// A key's usage as this node sees it.
+    pub fn usage(
+        &self,
+        rule: &str,
+        key: &str,
+        class: Option<&str>,
+    ) -> Result<UsageOutcome, ApiError> {
+        let rules = self.rules.load();
+        let r = self.resolve(&rules, "", rule, key, class, 0)?;
+        let ctx = self.ctx(&rules, self.clock.now_ms());
+        let usage = self
+            .store
+            .peek(&r.id, |s| s.usage(&r.target, &ctx))
+            .unwrap_or_else(|| KeyState::new().usage(&r.target, &ctx));
+        let region_names = rules
+            .replicas
+            .regions()
+            .map(|i| rules.replicas.region_name(i).to_owned())
+            .collect();
+        Ok(UsageOutcome {
+            rule: rule.to_owned(),
+            key: key.to_owned(),
+            usage,
+            region_names,
+        })
+    }
+
+    /// Forgets a key (every class bucket of it). Returns whether anything was held.
+    pub fn reset(&self, rule: &str, key: &str) -> Result<bool, ApiError> {
+        let rules = self.rules.load();
+        let entry = rules.get("rule", rule)?;
+        check_key("", key)?;
+        let mut buf = Vec::new();
+        let mut any = false;
+        let buckets: Vec<Option<u8>> = std::iter::once(None)
+            .chain((0..entry.rule.classes.len()).map(|i| Some(i as u8)))
+            .collect();
+        for b in buckets {
+            encode_id(&mut buf, rule, b, key);
+            any |= self.store.remove(&buf);
+        }
+        Ok(any)
+    }
+
+    fn record(&self, m: &RuleMetrics, d: &Decision, dry_run: bool) {
+        if dry_run {
+            return;
+        }
+        m.record(d.would_allow, d.mode == RuleMode::Shadow);
+        if d.degraded {
+            self.metrics.degraded.increment(1);
+        }
+        if !d.would_allow {
+            self.metrics
+                .retry_after
+                .record(d.retry_after_ms as f64 / 1000.0);
+        }
+    }
+
+    fn outcome(&self, r: &Resolved<'_>, rule: &str, key: &str, decision: Decision) -> Outcome {
+        Outcome {
+            rule: rule.to_owned(),
+            key: key.to_owned(),
+            decision,
+            window_secs: r.target.algorithm.policy_window_secs(self.clock.now_ms()),
+        }
+    }
+}
+
+fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::invalid(format!("{field}key: must not be empty")));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::invalid(format!(
+            "{field}key: {} bytes, at most {MAX_KEY_BYTES} allowed",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Idempotency entries live for the rule's window.
+struct IdempotencyExpiry;
+
+impl moka::Expiry<(KeyId, String), (Cached, u64)> for IdempotencyExpiry {
+    fn expire_after_create(
+        &self,
+        _: &(KeyId, String),
+        value: &(Cached, u64),
+        _: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(Duration::from_millis(value.1))
+    }
+}

@@ -1,0 +1,179 @@
+//! Every metric the node emits, in one place. Names follow `levee_<noun>_<unit>_total`; label
+//! values are bounded (rule names come from the configuration; no key is ever a label).
+//!
+//! Handles for the per-rule counters are registered once per configuration load and kept with
+//! the rule, so the decision path does not build label sets.
+
+use std::sync::OnceLock;
+
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Installs the Prometheus recorder once per process and returns its handle.
+pub fn install() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("levee_check_duration_seconds".into()),
+                &[
+                    0.000_02, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01,
+                    0.05,
+                ],
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("levee_retry_after_seconds".into()),
+                    &[
+                        0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0, 86_400.0,
+                    ],
+                )
+            })
+            .expect("bucket lists are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed in a test process; keep ours regardless.
+        let _ = metrics::set_global_recorder(recorder);
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "levee_checks_total",
+        "Decisions made, by rule, decision and mode."
+    );
+    describe_counter!(
+        "levee_degraded_decisions_total",
+        "Decisions made under a conservative cap."
+    );
+    describe_histogram!(
+        "levee_check_duration_seconds",
+        Unit::Seconds,
+        "Time to decide one HTTP request."
+    );
+    describe_histogram!(
+        "levee_retry_after_seconds",
+        Unit::Seconds,
+        "Retry-after of denied decisions."
+    );
+    describe_gauge!("levee_keys", "Keys held in memory.");
+    describe_counter!(
+        "levee_keys_evicted_total",
+        "Keys evicted because max_keys was reached."
+    );
+    describe_counter!(
+        "levee_config_reloads_total",
+        "Configuration reloads, by result."
+    );
+    describe_gauge!(
+        "levee_config_last_reload_success",
+        "1 if the last reload succeeded, 0 if it failed."
+    );
+    describe_counter!(
+        "levee_http_requests_total",
+        "HTTP requests, by endpoint and status class."
+    );
+    describe_counter!(
+        "levee_idempotent_replays_total",
+        "Checks answered from the idempotency cache."
+    );
+    describe_counter!("levee_snapshots_total", "Snapshots written, by result.");
+    describe_gauge!("levee_snapshot_keys", "Keys in the last snapshot written.");
+}
+
+/// Counter handles of one rule.
+#[derive(Clone)]
+pub struct RuleMetrics {
+    allowed: [Counter; 2],
+    denied: [Counter; 2],
+}
+
+impl RuleMetrics {
+    /// Registers the counters of rule `name`.
+    pub fn new(name: &str) -> RuleMetrics {
+        let c = |decision: &'static str, mode: &'static str| counter!("levee_checks_total", "rule" => name.to_owned(), "decision" => decision, "mode" => mode);
+        RuleMetrics {
+            allowed: [c("allowed", "enforce"), c("allowed", "shadow")],
+            denied: [c("denied", "enforce"), c("denied", "shadow")],
+        }
+    }
+
+    /// Counts one decision (`would_allow` is what the algorithm decided).
+    #[inline]
+    pub fn record(&self, would_allow: bool, shadow: bool) {
+        let i = usize::from(shadow);
+        if would_allow {
+            &self.allowed[i]
+        } else {
+            &self.denied[i]
+        }
+        .increment(1);
+    }
+}
+
+/// Process-wide handles used on the request path.
+pub struct NodeMetrics {
+    /// Degraded decisions.
+    pub degraded: Counter,
+    /// Check latency.
+    pub check_duration: Histogram,
+    /// Retry-after of denials.
+    pub retry_after: Histogram,
+    /// Keys held.
+    pub keys: Gauge,
+    /// Idempotent replays.
+    pub replays: Counter,
+}
+
+impl NodeMetrics {
+    /// Registers the handles.
+    pub fn new() -> NodeMetrics {
+        NodeMetrics {
+            degraded: counter!("levee_degraded_decisions_total"),
+            check_duration: histogram!("levee_check_duration_seconds"),
+            retry_after: histogram!("levee_retry_after_seconds"),
+            keys: gauge!("levee_keys"),
+            replays: counter!("levee_idempotent_replays_total"),
+        }
+    }
+}
+
+impl Default for NodeMetrics {
+    fn default() -> NodeMetrics {
+        NodeMetrics::new()
+    }
+}
+
+/// Counts a configuration reload.
+pub fn reload(ok: bool) {
+    counter!("levee_config_reloads_total", "result" => if ok { "ok" } else { "error" })
+        .increment(1);
+    gauge!("levee_config_last_reload_success").set(if ok { 1.0 } else { 0.0 });
+}
+
+/// Counts evictions (absolute total from the store).
+pub fn evictions(total: u64) {
+    counter!("levee_keys_evicted_total").absolute(total);
+}
+
+/// Counts a snapshot.
+pub fn snapshot(ok: bool, keys: usize) {
+    counter!("levee_snapshots_total", "result" => if ok { "ok" } else { "error" }).increment(1);
+    if ok {
+        gauge!("levee_snapshot_keys").set(keys as f64);
+    }
+}
+
+/// Counts an HTTP answer.
+pub fn http(endpoint: &'static str, status: u16) {
+    let class = match status {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    };
+    counter!("levee_http_requests_total", "endpoint" => endpoint, "status" => class).increment(1);
+}

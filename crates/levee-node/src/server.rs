@@ -1,0 +1,223 @@
+//! Running a node: bind, serve, reload, snapshot, shut down gracefully.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::app::App;
+use crate::config::Config;
+use crate::limiter::Clock;
+use crate::{http, snapshot};
+
+/// How a node is started.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// The configuration file; `None` runs on the embedded default.
+    pub config: Option<PathBuf>,
+    /// Test-only: milliseconds added to the wall clock (a skewed node).
+    pub clock_offset_ms: i64,
+    /// How often the configuration file is checked for changes.
+    pub watch_interval: Option<Duration>,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    /// The HTTP address could not be bound.
+    #[error("cannot listen on {addr} (node.http): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The snapshot could not be restored.
+    #[error("cannot restore counters: {0}")]
+    Snapshot(#[from] snapshot::SnapshotError),
+    /// The server failed.
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs a node until SIGTERM or Ctrl-C. `on_ready` is called with the bound HTTP address.
+pub async fn run(
+    options: ServeOptions,
+    on_ready: impl FnOnce(&Config, SocketAddr),
+) -> Result<(), ServeError> {
+    let config = match &options.config {
+        Some(p) => Config::load(p)?,
+        None => Config::embedded(),
+    };
+    if config.cluster.is_some() {
+        tracing::warn!(
+            "[cluster] is configured but this build runs a single node; peers are not contacted"
+        );
+    }
+    let prometheus = crate::metrics::install();
+    let addr = config.node.http;
+    let data_dir = config.node.data_dir.clone();
+    let node_id = config.node.id.clone();
+    let snapshot_every = Duration::from_millis(config.node.snapshot_interval.as_millis());
+    let grace = Duration::from_millis(config.node.shutdown_grace.as_millis());
+    let app = Arc::new(App::new(
+        config,
+        Clock::with_offset(options.clock_offset_ms),
+        prometheus,
+    ));
+
+    if let Some(dir) = &data_dir {
+        let restored = snapshot::restore(&app.limiter, dir)?;
+        tracing::info!(keys = restored, dir = %dir.display(), "counters restored from snapshot");
+    }
+
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener.local_addr()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    tokio::spawn(signals(Arc::clone(&app), stop_tx.clone()));
+    tokio::spawn(watch_config(
+        Arc::clone(&app),
+        options.watch_interval.unwrap_or(Duration::from_secs(1)),
+        stop_rx.clone(),
+    ));
+    if let Some(dir) = data_dir.clone() {
+        tokio::spawn(snapshots(
+            Arc::clone(&app),
+            node_id.clone(),
+            dir,
+            snapshot_every,
+            stop_rx.clone(),
+        ));
+    }
+
+    app.set_ready(true);
+    on_ready(&app.config.load(), bound);
+    tracing::info!(http = %bound, node = %node_id, "levee is serving");
+
+    let router = http::router(Arc::clone(&app));
+    let mut stop = stop_rx.clone();
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let server = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .into_future();
+    let mut stop = stop_rx.clone();
+    tokio::select! {
+        res = server => res?,
+        () = async {
+            let _ = stop.wait_for(|s| *s).await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "in-flight requests did not finish within the grace period");
+        }
+    }
+
+    if let Some(dir) = &data_dir {
+        write_snapshot(&app, &node_id, dir);
+    }
+    tracing::info!("levee stopped");
+    Ok(())
+}
+
+fn write_snapshot(app: &App, node: &str, dir: &std::path::Path) {
+    match snapshot::save(&app.limiter, node, dir) {
+        Ok(keys) => {
+            crate::metrics::snapshot(true, keys);
+            tracing::debug!(keys, "snapshot written");
+        }
+        Err(e) => {
+            crate::metrics::snapshot(false, 0);
+            tracing::error!(error = %e, "snapshot failed");
+        }
+    }
+}
+
+async fn signals(app: Arc<App>, stop: watch::Sender<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = hup.recv() => {
+                let _ = app.reload("SIGHUP");
+            }
+        }
+    }
+    tracing::info!("shutting down: no new connections, finishing in-flight requests");
+    app.shutting_down.store(true, Ordering::Release);
+    let _ = stop.send(true);
+}
+
+/// Re-reads the configuration when the file changes, including the atomic symlink swap a
+/// Kubernetes ConfigMap mount performs (the path then resolves to another file).
+async fn watch_config(app: Arc<App>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let Some(path) = app.config.load().path.clone() else {
+        return;
+    };
+    let fingerprint = |p: &std::path::Path| -> Option<(std::time::SystemTime, u64, u64, PathBuf)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p).ok()?;
+        Some((
+            m.modified().ok()?,
+            m.len(),
+            m.ino(),
+            std::fs::canonicalize(p).ok()?,
+        ))
+    };
+    let mut last = fingerprint(&path);
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let now = fingerprint(&path);
+        if now.is_some() && now != last {
+            last = now;
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text != app.config.load().text {
+                let _ = app.reload("file change");
+            }
+        }
+    }
+}
+
+async fn snapshots(
+    app: Arc<App>,
+    node: String,
+    dir: PathBuf,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let (app2, node2, dir2) = (Arc::clone(&app), node.clone(), dir.clone());
+        let _ = tokio::task::spawn_blocking(move || write_snapshot(&app2, &node2, &dir2)).await;
+    }
+}

@@ -1,0 +1,178 @@
+//! `levee`: run a node, validate a configuration, ask a node for a decision.
+
+// A command-line tool prints its answers.
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod check;
+
+/// Levee, a multi-region distributed rate limiter.
+#[derive(Parser)]
+#[command(name = "levee", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node (with no --config: one node on 127.0.0.1:8750 with example rules).
+    Serve {
+        /// The configuration file (TOML).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+        log_format: LogFormat,
+        /// Test only: milliseconds added to this node's clock, to simulate skew.
+        #[arg(long, default_value_t = 0, hide = true, allow_negative_numbers = true)]
+        clock_offset_ms: i64,
+    },
+    /// Work with configuration files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Ask a node for one decision and print it.
+    Check(check::CheckArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration; errors name the line and the field; exit 1 on error.
+    Check {
+        /// The configuration file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("LEVEE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve {
+            config,
+            log_format,
+            clock_offset_ms,
+        } => serve(config, log_format, clock_offset_ms),
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => match levee_node::Config::load(&file) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} rules, node {} in region {})",
+                    file.display(),
+                    c.rules.len(),
+                    c.node.id,
+                    c.node.region
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Check(args) => check::run(&args),
+    }
+}
+
+fn serve(config: Option<PathBuf>, log_format: LogFormat, clock_offset_ms: i64) -> ExitCode {
+    init_logging(log_format);
+    let embedded = config.is_none();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let options = levee_node::ServeOptions {
+        config,
+        clock_offset_ms,
+        watch_interval: None,
+    };
+    let result = runtime.block_on(levee_node::run(options, |config, addr| {
+        if embedded {
+            print_welcome(config, addr);
+        }
+    }));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The embedded configuration's rules and a few commands to try them with.
+fn print_welcome(config: &levee_node::Config, addr: std::net::SocketAddr) {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "levee: one node on http://{addr} (embedded configuration)\n\nrules:\n"
+    ));
+    for r in &config.rules {
+        let s = &r.spec;
+        let figures = match r.algorithm {
+            levee_core::Algorithm::TokenBucket { rate, burst, .. } => {
+                format!(
+                    "token_bucket  {rate} per {}, burst {burst}",
+                    s.per.map(|p| p.to_string()).unwrap_or_default()
+                )
+            }
+            levee_core::Algorithm::FixedWindow { limit, .. } => {
+                format!(
+                    "fixed_window  {limit} per {}",
+                    s.window.map(|p| p.to_string()).unwrap_or_default()
+                )
+            }
+            levee_core::Algorithm::SlidingWindow { limit, .. } => {
+                format!(
+                    "sliding_window {limit} per {}",
+                    s.window.map(|p| p.to_string()).unwrap_or_default()
+                )
+            }
+            levee_core::Algorithm::Quota { limit, period } => {
+                format!("quota         {limit} per {period:?}").to_lowercase()
+            }
+        };
+        let classes: Vec<&str> = r.classes.iter().map(|c| c.name.as_str()).collect();
+        let classes = if classes.is_empty() {
+            String::new()
+        } else {
+            format!("  classes: {}", classes.join(", "))
+        };
+        out.push_str(&format!("  {:<20} {figures}{classes}\n", r.name));
+    }
+    out.push_str(&format!(
+        "\ntry:\n  curl -s -XPOST http://{addr}/v1/check -H 'content-type: application/json' \\\n       -d '{{\"rule\":\"api-per-tenant\",\"key\":\"acme\"}}'\n  curl -si http://{addr}/v1/authz/api-per-tenant -H 'x-api-key: acme'\n  curl -s http://{addr}/v1/usage/api-per-tenant/acme\n  curl -s http://{addr}/metrics | grep levee_\n\n"
+    ));
+    print!("{out}");
+}
