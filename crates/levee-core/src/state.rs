@@ -103,7 +103,9 @@ struct Evaluation {
     would_allow: bool,
     /// What this node could admit now, in tokens, before the check.
     available: u64,
-    reset_after_ms: u64,
+    /// Time until the key is back to its limit if the cost is taken, and if it is not.
+    reset_taken_ms: u64,
+    reset_kept_ms: u64,
     retry_after_ms: u64,
     epoch: u64,
     /// Token bucket: own level after refill, before the check.
@@ -141,7 +143,8 @@ impl KeyState {
         if !dry_run && cost > 0 {
             self.commit(target, cost, ev.would_allow, &ev, ctx);
         }
-        decision_of(target.algorithm, mode, cost, &ev, dry_run, ctx)
+        let consumed = ev.would_allow && !dry_run && cost > 0;
+        decision_of(target.algorithm, mode, cost, &ev, consumed, true, ctx)
     }
 
     /// Gives `cost` tokens back. Never raises what is available above the node's capacity,
@@ -182,7 +185,7 @@ impl KeyState {
         }
         self.touched = now;
         let ev = self.evaluate(target, 0, ctx);
-        decision_of(algo, RuleMode::Enforce, 0, &ev, false, ctx)
+        decision_of(algo, RuleMode::Enforce, 0, &ev, false, true, ctx)
     }
 
     /// This key's usage as this node sees it, summed per region.
@@ -454,11 +457,12 @@ impl KeyState {
         let need = cost.max(threshold(target.min_fill_ppm, capacity));
         let would_allow = available >= need;
         let until_end = algo.epoch_end(e) - ctx.now;
-        let used_after = global + if would_allow { cost } else { 0 };
+        let reset = |used: u64| if used > 0 { until_end } else { 0 };
         Evaluation {
             would_allow,
             available,
-            reset_after_ms: if used_after > 0 { until_end } else { 0 },
+            reset_taken_ms: reset(global + cost),
+            reset_kept_ms: reset(global),
             retry_after_ms: if would_allow { 0 } else { until_end.max(1) },
             epoch: e,
             level_nt: 0,
@@ -517,18 +521,20 @@ impl KeyState {
         } else {
             sliding_retry(u128::from(held), cur_me, prev_me, u128::from(need), w, el)
         };
-        let cur_after = cur_me + if would_allow { u128::from(cost) } else { 0 };
-        let reset_after_ms = if cur_after > 0 {
-            (2 * w - el) as u64
-        } else if prev_me > 0 {
-            (w - el) as u64
-        } else {
-            0
+        let reset = |cur: u128| {
+            if cur > 0 {
+                (2 * w - el) as u64
+            } else if prev_me > 0 {
+                (w - el) as u64
+            } else {
+                0
+            }
         };
         Evaluation {
             would_allow,
             available,
-            reset_after_ms,
+            reset_taken_ms: reset(cur_me + u128::from(cost)),
+            reset_kept_ms: reset(cur_me),
             retry_after_ms,
             epoch: e,
             level_nt: 0,
@@ -573,16 +579,18 @@ impl KeyState {
                 } else {
                     refill_ms(need_nt, burst).max(1)
                 };
-                let after = level - if would_allow { cost_nt } else { 0 };
-                let reset_after_ms = if after < cap {
-                    refill_ms(cap - after, units)
-                } else {
-                    0
+                let reset = |level: i128| {
+                    if level < cap {
+                        refill_ms(cap - level, units)
+                    } else {
+                        0
+                    }
                 };
                 Evaluation {
                     would_allow,
                     available,
-                    reset_after_ms,
+                    reset_taken_ms: reset(level - cost_nt),
+                    reset_kept_ms: reset(level),
                     retry_after_ms,
                     epoch: e,
                     level_nt: level,
@@ -607,12 +615,12 @@ impl KeyState {
                 } else {
                     global_ms(need_nt - global).max(1)
                 };
-                let after = global - if would_allow { cost_nt } else { 0 };
-                let reset_after_ms = global_ms(i128::from(burst) * NANO - after);
+                let reset = |level: i128| global_ms(i128::from(burst) * NANO - level);
                 Evaluation {
                     would_allow,
                     available,
-                    reset_after_ms,
+                    reset_taken_ms: reset(global - cost_nt),
+                    reset_kept_ms: reset(global),
                     retry_after_ms,
                     epoch: e,
                     level_nt: level,
@@ -771,14 +779,8 @@ pub fn decide_all(
         .iter()
         .zip(&evals)
         .map(|((_, target, mode), ev)| {
-            let mut d = decision_of(target.algorithm, *mode, cost, ev, dry_run, ctx);
-            if !allowed && d.allowed && *mode == RuleMode::Enforce {
-                // Allowed on its own but the call was denied: nothing was consumed.
-                d.remaining = ev.available;
-                d.allowed = false;
-                d.retry_after_ms = 0;
-            }
-            d
+            let consumed = allowed && ev.would_allow && !dry_run && cost > 0;
+            decision_of(target.algorithm, *mode, cost, ev, consumed, allowed, ctx)
         })
         .collect();
     let binding = results
@@ -797,26 +799,29 @@ pub fn decide_all(
     }
 }
 
+/// The answer for one evaluated check: `consumed` says whether its cost was taken, and
+/// `call_allowed` whether the call as a whole was (an enforced rule inside a denied atomic
+/// call is denied even if it would have allowed on its own).
 fn decision_of(
     algo: &Algorithm,
     mode: RuleMode,
     cost: u64,
     ev: &Evaluation,
-    dry_run: bool,
+    consumed: bool,
+    call_allowed: bool,
     ctx: &DecideCtx<'_>,
 ) -> Decision {
-    let consumed = ev.would_allow && !dry_run;
-    let remaining = if consumed {
-        ev.available.saturating_sub(cost)
+    let (remaining, reset_after_ms) = if consumed {
+        (ev.available.saturating_sub(cost), ev.reset_taken_ms)
     } else {
-        ev.available
+        (ev.available, ev.reset_kept_ms)
     };
     Decision {
-        allowed: ev.would_allow || mode == RuleMode::Shadow,
+        allowed: mode == RuleMode::Shadow || (ev.would_allow && call_allowed),
         would_allow: ev.would_allow,
         limit: algo.capacity(),
         remaining: remaining.min(algo.capacity()),
-        reset_after_ms: ev.reset_after_ms,
+        reset_after_ms,
         retry_after_ms: ev.retry_after_ms,
         mode,
         degraded: ctx.view.degraded(),

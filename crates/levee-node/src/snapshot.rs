@@ -142,9 +142,21 @@ pub fn restore(limiter: &Limiter, data_dir: &Path) -> Result<usize, SnapshotErro
         let Some(entry) = rules.by_name.get(rule) else {
             continue;
         };
-        let class = bucket
-            .and_then(|b| entry.rule.classes.get(usize::from(b)))
-            .map(|c| c.name.as_str());
+        // A separate-buckets class by its index; a shared bucket through any threshold class
+        // (they all draw from the rule's own bucket).
+        let class = match bucket {
+            Some(b) => entry
+                .rule
+                .classes
+                .get(usize::from(b))
+                .map(|c| c.name.as_str()),
+            None => entry
+                .rule
+                .classes
+                .iter()
+                .find(|c| c.own.is_none())
+                .map(|c| c.name.as_str()),
+        };
         let Ok(target) = entry.rule.target(class, 0) else {
             continue;
         };
