@@ -65,10 +65,11 @@ impl KeyState {
         let now = ctx.now;
         let e = algo.epoch(now);
         let epoch_len = algo.epoch_len(now);
-        self.forecast.sample(now, self.requested_total, epoch_len);
+        let requested = self.requested_total;
+        self.cold_mut().forecast.sample(now, requested, epoch_len);
         let me_owner = ctx.owner == ctx.me;
         let forecast = if me_owner {
-            self.forecast.expected(epoch_len)
+            self.cold_mut().forecast.expected(epoch_len)
         } else {
             0
         };

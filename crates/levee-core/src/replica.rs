@@ -99,13 +99,16 @@ pub enum ReplicaSetError {
 ///
 /// A region's static share is its weight over the sum of region weights; a node's share is its
 /// region's share split among the region's nodes by node weight (evenly unless configured).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaSet {
     nodes: Vec<Replica>,
     regions: Vec<RegionInfo>,
     /// Sum over nodes of `node_weight`, the denominator of every node share.
     total_weight: u128,
     digest: u64,
+    /// Shares as fractions, computed once: the decision path reads them.
+    region_shares: Vec<f64>,
+    node_shares: Vec<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,11 +223,19 @@ impl ReplicaSet {
             }
         }
         let total_weight = replicas.iter().map(|r| r.weight).sum();
+        let share = |w: u128| w as f64 / total_weight as f64;
+        let node_shares: Vec<f64> = replicas.iter().map(|r| share(r.weight)).collect();
+        let region_shares = regions
+            .iter()
+            .map(|r| share(r.nodes.iter().map(|n| replicas[n.0 as usize].weight).sum()))
+            .collect();
         let mut set = ReplicaSet {
             nodes: replicas,
             regions,
             total_weight,
             digest: 0,
+            region_shares,
+            node_shares,
         };
         set.digest = set.compute_digest();
         Ok(set)
@@ -293,18 +304,15 @@ impl ReplicaSet {
     }
 
     /// A region's static share of every limit, as a fraction.
+    #[inline]
     pub fn region_share(&self, region: RegionIdx) -> f64 {
-        let w: u128 = self
-            .region_nodes(region)
-            .iter()
-            .map(|n| self.nodes[n.0 as usize].weight)
-            .sum();
-        w as f64 / self.total_weight as f64
+        self.region_shares[region.0 as usize]
     }
 
     /// A node's static share of every limit, as a fraction.
+    #[inline]
     pub fn node_share(&self, node: NodeIdx) -> f64 {
-        self.nodes[node.0 as usize].weight as f64 / self.total_weight as f64
+        self.node_shares[node.0 as usize]
     }
 
     /// Splits an integer `amount` among all nodes by weight so that the parts sum exactly to

@@ -61,13 +61,20 @@ pub enum MergeError {
 pub struct KeyState {
     pub(crate) crdt: KeyCrdt,
     dirty: Dirty,
-    optimistic: Allowance,
-    /// The node's own demand, for the escrow's forecasts.
-    pub(crate) forecast: Forecast,
+    /// Bookkeeping only some keys need (optimistic allowance, demand forecast), out of line
+    /// so that the common key stays small.
+    cold: Option<Box<Cold>>,
     /// Total tokens requested at this node (admitted or not), for the forecast.
     pub(crate) requested_total: u64,
     /// Last time a decision, refund or merge touched the key (for idle eviction).
     touched: Millis,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cold {
+    optimistic: Allowance,
+    /// The node's own demand, for the escrow's forecasts.
+    pub(crate) forecast: Forecast,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -97,15 +104,57 @@ struct Allowance {
     valid: bool,
 }
 
+/// How long until a key is back to its limit; computed only for the answer actually given
+/// (a token bucket's needs a division that a decision should not pay twice).
+#[derive(Debug, Clone, Copy)]
+enum Reset {
+    /// Known outright: if the cost is taken, and if it is not.
+    Known { taken: u64, kept: u64 },
+    /// A bucket refilling `deficit × mul / div` ms: the deficit if the cost is not taken, and
+    /// the cost (added to the deficit if it is).
+    Refill {
+        deficit_nt: i128,
+        cost_nt: i128,
+        mul: u128,
+        div: u128,
+    },
+}
+
+impl Reset {
+    fn ms(self, taken: bool) -> u64 {
+        match self {
+            Reset::Known { taken: t, kept } => {
+                if taken {
+                    t
+                } else {
+                    kept
+                }
+            }
+            Reset::Refill {
+                deficit_nt,
+                cost_nt,
+                mul,
+                div,
+            } => {
+                let deficit = deficit_nt + if taken { cost_nt } else { 0 };
+                if deficit <= 0 {
+                    0
+                } else {
+                    ceil_mul_div(deficit as u128, mul, div)
+                }
+            }
+        }
+    }
+}
+
 /// The outcome of evaluating one check, before anything is committed.
 #[derive(Debug, Clone, Copy)]
 struct Evaluation {
     would_allow: bool,
     /// What this node could admit now, in tokens, before the check.
     available: u64,
-    /// Time until the key is back to its limit if the cost is taken, and if it is not.
-    reset_taken_ms: u64,
-    reset_kept_ms: u64,
+    /// Time until the key is back to its limit, if the cost is taken and if it is not.
+    reset: Reset,
     retry_after_ms: u64,
     epoch: u64,
     /// Token bucket: own level after refill, before the check.
@@ -157,6 +206,7 @@ impl KeyState {
         // The current epoch first; a sliding window's previous epoch still weighs.
         let epochs: &[u64] = match algo {
             Algorithm::SlidingWindow { .. } => &[e, e.saturating_sub(1)],
+            Algorithm::TokenBucket { .. } => &[],
             _ => &[e],
         };
         for &epoch in epochs {
@@ -179,7 +229,8 @@ impl KeyState {
         if let Algorithm::TokenBucket { .. } = algo {
             // The level rises by the cost, capped at the sub-bucket's capacity: a refund can
             // never hold more than a full bucket.
-            let (level, cap) = self.own_level(target, ctx);
+            let (level, units) = self.own_level(target, ctx);
+            let cap = i128::from(units) * NANO;
             let new_level = (level + i128::from(cost) * NANO).min(cap.max(level));
             self.set_level(ctx.me, new_level, now);
         }
@@ -387,6 +438,10 @@ impl KeyState {
         self.crdt.is_empty()
     }
 
+    pub(crate) fn cold_mut(&mut self) -> &mut Cold {
+        self.cold.get_or_insert_with(Box::default)
+    }
+
     pub(crate) fn mark_demand_dirty(&mut self) {
         self.dirty.demand = true;
     }
@@ -447,7 +502,7 @@ impl KeyState {
                     slot.and_then(|s| s.tallies.get(n))
                         .map_or(0, |t| u128::from(t.net()))
                 };
-                let used = assumed_usage(ctx, limit, net, 1) as i128;
+                let used = assumed_usage(ctx, target, net, 1) as i128;
                 let left = i128::from(limit) - used;
                 let allowance = self.allowance(left, e, ctx);
                 let avail = left.min(allowance_room(&allowance, limit, ctx)).max(0) as u64;
@@ -461,8 +516,10 @@ impl KeyState {
         Evaluation {
             would_allow,
             available,
-            reset_taken_ms: reset(global + cost),
-            reset_kept_ms: reset(global),
+            reset: Reset::Known {
+                taken: reset(global + cost),
+                kept: reset(global),
+            },
             retry_after_ms: if would_allow { 0 } else { until_end.max(1) },
             epoch: e,
             level_nt: 0,
@@ -498,7 +555,7 @@ impl KeyState {
             Consistency::Optimistic => {
                 let used = assumed_usage(
                     ctx,
-                    limit,
+                    target,
                     |n| net_of(cur, n) * w + net_of(prev, n) * (w - el),
                     w,
                 );
@@ -533,8 +590,10 @@ impl KeyState {
         Evaluation {
             would_allow,
             available,
-            reset_taken_ms: reset(cur_me + u128::from(cost)),
-            reset_kept_ms: reset(cur_me),
+            reset: Reset::Known {
+                taken: reset(cur_me + u128::from(cost)),
+                kept: reset(cur_me),
+            },
             retry_after_ms,
             epoch: e,
             level_nt: 0,
@@ -553,44 +612,45 @@ impl KeyState {
         cost: u64,
         ctx: &DecideCtx<'_>,
     ) -> Evaluation {
-        let (level, cap) = self.own_level(target, ctx);
+        let (level, units) = self.own_level(target, ctx);
+        let cap = i128::from(units) * NANO;
         let cost_nt = i128::from(cost) * NANO;
         match ctx.view.consistency {
             Consistency::Strict => {
-                let units = (cap / NANO) as u64;
                 let need_nt = cost_nt.max(i128::from(threshold(target.min_fill_ppm, units)) * NANO);
                 let would_allow = level >= need_nt;
-                let available = (level.max(0) / NANO) as u64;
-                // Time for this node's own refill to cover the deficit; if the node holds too
-                // little to ever grant the cost, the time the whole bucket would need.
-                let refill_ms = |deficit_nt: i128, units: u64| -> u64 {
-                    if units == 0 {
-                        return u64::MAX;
-                    }
-                    ceil_div(
-                        deficit_nt * i128::from(burst) * i128::from(per_ms),
-                        i128::from(units) * i128::from(rate) * NANO,
-                    ) as u64
-                };
+                let available = tokens_of(level);
+                // This node's refill covers a deficit in `deficit × burst × per / (units × rate)`.
+                let mul = u128::from(burst) * u128::from(per_ms);
+                let div = u128::from(units) * u128::from(rate) * NANO as u128;
                 let retry_after_ms = if would_allow {
                     0
                 } else if need_nt <= cap {
-                    refill_ms(need_nt - level, units).max(1)
+                    ceil_mul_div((need_nt - level) as u128, mul, div).max(1)
                 } else {
-                    refill_ms(need_nt, burst).max(1)
+                    // The node holds too little to ever grant the cost by itself: the time the
+                    // whole bucket would need.
+                    ceil_mul_div(
+                        need_nt as u128,
+                        u128::from(per_ms),
+                        u128::from(rate) * NANO as u128,
+                    )
+                    .max(1)
                 };
-                let reset = |level: i128| {
-                    if level < cap {
-                        refill_ms(cap - level, units)
-                    } else {
-                        0
+                let reset = if units == 0 {
+                    Reset::Known { taken: 0, kept: 0 }
+                } else {
+                    Reset::Refill {
+                        deficit_nt: (cap - level).max(0),
+                        cost_nt,
+                        mul,
+                        div,
                     }
                 };
                 Evaluation {
                     would_allow,
                     available,
-                    reset_taken_ms: reset(level - cost_nt),
-                    reset_kept_ms: reset(level),
+                    reset,
                     retry_after_ms,
                     epoch: e,
                     level_nt: level,
@@ -603,24 +663,24 @@ impl KeyState {
                 let room = global.min(allowance_room(&allowance, i128::from(burst) * NANO, ctx));
                 let need_nt = cost_nt.max(i128::from(threshold(target.min_fill_ppm, burst)) * NANO);
                 let would_allow = room >= need_nt;
-                let available = (room.max(0) / NANO) as u64;
-                let global_ms = |deficit_nt: i128| {
-                    ceil_div(
-                        deficit_nt.max(0) * i128::from(per_ms),
-                        i128::from(rate) * NANO,
-                    ) as u64
-                };
+                let available = tokens_of(room);
+                let mul = u128::from(per_ms);
+                let div = u128::from(rate) * NANO as u128;
                 let retry_after_ms = if would_allow {
                     0
                 } else {
-                    global_ms(need_nt - global).max(1)
+                    ceil_mul_div((need_nt - global).max(0) as u128, mul, div).max(1)
                 };
-                let reset = |level: i128| global_ms(i128::from(burst) * NANO - level);
+                let deficit_nt = (i128::from(burst) * NANO - global).max(0);
                 Evaluation {
                     would_allow,
                     available,
-                    reset_taken_ms: reset(global - cost_nt),
-                    reset_kept_ms: reset(global),
+                    reset: Reset::Refill {
+                        deficit_nt,
+                        cost_nt,
+                        mul,
+                        div,
+                    },
                     retry_after_ms,
                     epoch: e,
                     level_nt: level,
@@ -630,8 +690,8 @@ impl KeyState {
         }
     }
 
-    /// The node's own sub-bucket: level after refill (nanotokens) and capacity (nanotokens).
-    fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, i128) {
+    /// The node's own sub-bucket: level after refill (nanotokens) and capacity (units).
+    fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, u64) {
         let Algorithm::TokenBucket {
             rate,
             per_ms,
@@ -642,7 +702,6 @@ impl KeyState {
         };
         let base = base_of(target, ctx);
         let units = holdings(base, &self.crdt.holdings, ctx.me);
-        let cap = i128::from(units) * NANO;
         let level = sub_bucket_level(
             self.crdt.buckets.get(ctx.me),
             base,
@@ -650,7 +709,7 @@ impl KeyState {
             (rate, per_ms, burst),
             ctx.now,
         );
-        (level, cap)
+        (level, units)
     }
 
     /// Optimistic mode: the global bucket level, summing every node's projected sub-bucket;
@@ -667,7 +726,7 @@ impl KeyState {
         if replicas.len() == 1 {
             return self.own_level(target, ctx).0;
         }
-        let base = replicas.split(burst);
+        let base = split_of(target, replicas);
         let mut total = 0i128;
         for n in replicas.nodes() {
             let units = base[n.0 as usize];
@@ -686,7 +745,7 @@ impl KeyState {
 
     /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
     fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
-        let a = self.optimistic;
+        let a = self.cold.as_ref().map(|c| c.optimistic).unwrap_or_default();
         if a.valid && a.sync_gen == ctx.view.sync_gen && a.epoch == epoch {
             a
         } else {
@@ -712,12 +771,16 @@ impl KeyState {
     ) {
         let algo = target.algorithm;
         let now = ctx.now;
-        let tally = self.crdt.slot_mut(ev.epoch).tallies.entry(ctx.me);
-        tally.requested += cost;
-        if admitted {
-            tally.consumed += cost;
+        // A token bucket's replicated state is its level register; only windows count per
+        // epoch.
+        if !matches!(algo, Algorithm::TokenBucket { .. }) {
+            let tally = self.crdt.slot_mut(ev.epoch).tallies.entry(ctx.me);
+            tally.requested += cost;
+            if admitted {
+                tally.consumed += cost;
+            }
+            self.dirty.tallies = true;
         }
-        self.dirty.tallies = true;
         self.requested_total += cost;
         self.touched = now;
         if admitted {
@@ -727,7 +790,7 @@ impl KeyState {
                     Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
                     _ => i128::from(cost),
                 };
-                self.optimistic = a;
+                self.cold_mut().optimistic = a;
             }
             if let Algorithm::TokenBucket { .. } = algo {
                 self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
@@ -811,11 +874,12 @@ fn decision_of(
     call_allowed: bool,
     ctx: &DecideCtx<'_>,
 ) -> Decision {
-    let (remaining, reset_after_ms) = if consumed {
-        (ev.available.saturating_sub(cost), ev.reset_taken_ms)
+    let remaining = if consumed {
+        ev.available.saturating_sub(cost)
     } else {
-        (ev.available, ev.reset_kept_ms)
+        ev.available
     };
+    let reset_after_ms = ev.reset.ms(consumed);
     Decision {
         allowed: mode == RuleMode::Shadow || (ev.would_allow && call_allowed),
         would_allow: ev.would_allow,
@@ -825,6 +889,14 @@ fn decision_of(
         retry_after_ms: ev.retry_after_ms,
         mode,
         degraded: ctx.view.degraded(),
+    }
+}
+
+/// The target's capacity split among the nodes: bound by `Rule::bind`, else computed.
+fn split_of<'a>(target: &Target<'a>, replicas: &ReplicaSet) -> std::borrow::Cow<'a, [u64]> {
+    match target.split {
+        Some(s) if s.len() == replicas.len() => std::borrow::Cow::Borrowed(s),
+        _ => std::borrow::Cow::Owned(replicas.split(target.algorithm.capacity())),
     }
 }
 
@@ -862,10 +934,12 @@ pub(crate) fn project(
     if level >= cap {
         return cap;
     }
-    let dt = i128::from(now.saturating_sub(reg.at));
-    let refill =
-        dt * i128::from(units) * i128::from(rate) * NANO / (i128::from(burst) * i128::from(per_ms));
-    (level + refill).min(cap)
+    let dt = u128::from(now.saturating_sub(reg.at));
+    let refill = mul_div(
+        dt * u128::from(units) * u128::from(rate) * NANO as u128,
+        u128::from(burst) * u128::from(per_ms),
+    );
+    (level + refill.min(cap as u128) as i128).min(cap)
 }
 
 /// A node's sub-bucket level at `now`. A node that never wrote its register starts full at
@@ -898,7 +972,7 @@ fn threshold(min_fill_ppm: u32, capacity: u64) -> u64 {
 /// as having consumed `max(last known, its full share)`.
 fn assumed_usage(
     ctx: &DecideCtx<'_>,
-    limit: u64,
+    target: &Target<'_>,
     used_of: impl Fn(NodeIdx) -> u128,
     scale: u128,
 ) -> u128 {
@@ -906,7 +980,7 @@ fn assumed_usage(
     if ctx.view.unreachable.is_empty() {
         return replicas.nodes().map(&used_of).sum();
     }
-    let split = replicas.split(limit);
+    let split = split_of(target, replicas);
     let mut total = 0u128;
     for r in replicas.regions() {
         let nodes = replicas.region_nodes(r);
@@ -970,6 +1044,34 @@ fn sliding_retry(held: u128, cur: u128, prev: u128, need: u128, w: u128, el: u12
     let room = (held - need) * w;
     let t = room.checked_div(cur).map_or(0, |q| w.saturating_sub(q));
     ((w - el) + t).max(1) as u64
+}
+
+/// Whole tokens in a level of nanotokens (0 for a negative level).
+#[inline]
+fn tokens_of(level_nt: i128) -> u64 {
+    // Levels are bounded by MAX_BURST × NANO, inside an i64: divide in 64 bits.
+    (level_nt.clamp(0, i128::from(i64::MAX)) as u64) / NANO as u64
+}
+
+/// `n / d`, in 64-bit arithmetic when both fit (the common case), else in 128 bits.
+#[inline]
+fn mul_div(n: u128, d: u128) -> u128 {
+    match (u64::try_from(n), u64::try_from(d)) {
+        (Ok(n), Ok(d)) => u128::from(n / d),
+        _ => n / d,
+    }
+}
+
+/// `ceil(a × mul / div)`, saturating at `u64::MAX` (and `u64::MAX` when `div` is 0).
+#[inline]
+fn ceil_mul_div(a: u128, mul: u128, div: u128) -> u64 {
+    if div == 0 {
+        return u64::MAX;
+    }
+    let n = a.saturating_mul(mul);
+    let q = mul_div(n, div);
+    let q = if q * div < n { q + 1 } else { q };
+    u64::try_from(q).unwrap_or(u64::MAX)
 }
 
 #[inline]

@@ -216,11 +216,17 @@ impl FrameHeader {
     /// [`MAX_FRAME_BYTES`].
     pub fn parse(header: &[u8; HEADER_BYTES]) -> Result<FrameHeader, DecodeError> {
         if header[0] != VERSION {
-            return Err(DecodeError::UnsupportedVersion { got: header[0], expected: VERSION });
+            return Err(DecodeError::UnsupportedVersion {
+                got: header[0],
+                expected: VERSION,
+            });
         }
         let len = u32::from_le_bytes([header[1], header[2], header[3], header[4]]) as usize;
         if len > MAX_FRAME_BYTES {
-            return Err(DecodeError::TooLarge { len, max: MAX_FRAME_BYTES });
+            return Err(DecodeError::TooLarge {
+                len,
+                max: MAX_FRAME_BYTES,
+            });
         }
         Ok(FrameHeader { len })
     }
@@ -233,9 +239,13 @@ fn config() -> impl bincode::config::Config {
 /// Encodes a message as a whole frame (header and payload).
 pub fn encode_frame(msg: &Message) -> Result<Vec<u8>, EncodeError> {
     let mut out = vec![0u8; HEADER_BYTES];
-    let payload = bincode::serde::encode_to_vec(msg, config()).map_err(|e| EncodeError::Encode(e.to_string()))?;
+    let payload = bincode::serde::encode_to_vec(msg, config())
+        .map_err(|e| EncodeError::Encode(e.to_string()))?;
     if payload.len() > MAX_FRAME_BYTES {
-        return Err(EncodeError::TooLarge { len: payload.len(), max: MAX_FRAME_BYTES });
+        return Err(EncodeError::TooLarge {
+            len: payload.len(),
+            max: MAX_FRAME_BYTES,
+        });
     }
     out[0] = VERSION;
     out[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -246,12 +256,18 @@ pub fn encode_frame(msg: &Message) -> Result<Vec<u8>, EncodeError> {
 /// Decodes a payload whose header was checked with [`FrameHeader::parse`].
 pub fn decode_payload(payload: &[u8]) -> Result<Message, DecodeError> {
     if payload.len() > MAX_FRAME_BYTES {
-        return Err(DecodeError::TooLarge { len: payload.len(), max: MAX_FRAME_BYTES });
+        return Err(DecodeError::TooLarge {
+            len: payload.len(),
+            max: MAX_FRAME_BYTES,
+        });
     }
-    let (msg, used): (Message, usize) =
-        bincode::serde::decode_from_slice(payload, config()).map_err(|e| DecodeError::Corrupted(e.to_string()))?;
+    let (msg, used): (Message, usize) = bincode::serde::decode_from_slice(payload, config())
+        .map_err(|e| DecodeError::Corrupted(e.to_string()))?;
     if used != payload.len() {
-        return Err(DecodeError::Corrupted(format!("{} bytes left over after the message", payload.len() - used)));
+        return Err(DecodeError::Corrupted(format!(
+            "{} bytes left over after the message",
+            payload.len() - used
+        )));
     }
     Ok(msg)
 }
@@ -259,15 +275,24 @@ pub fn decode_payload(payload: &[u8]) -> Result<Message, DecodeError> {
 /// Decodes one whole frame.
 pub fn decode_frame(frame: &[u8]) -> Result<Message, DecodeError> {
     let Some(header) = frame.first_chunk::<HEADER_BYTES>() else {
-        return Err(DecodeError::Truncated { got: frame.len(), expected: HEADER_BYTES });
+        return Err(DecodeError::Truncated {
+            got: frame.len(),
+            expected: HEADER_BYTES,
+        });
     };
     let h = FrameHeader::parse(header)?;
     let payload = &frame[HEADER_BYTES..];
     if payload.len() < h.len {
-        return Err(DecodeError::Truncated { got: payload.len(), expected: h.len });
+        return Err(DecodeError::Truncated {
+            got: payload.len(),
+            expected: h.len,
+        });
     }
     if payload.len() > h.len {
-        return Err(DecodeError::Corrupted(format!("{} bytes after the frame", payload.len() - h.len)));
+        return Err(DecodeError::Corrupted(format!(
+            "{} bytes after the frame",
+            payload.len() - h.len
+        )));
     }
     decode_payload(payload)
 }
@@ -280,20 +305,40 @@ mod tests {
 
     fn sample() -> Message {
         let mut state = KeyCrdt::default();
-        *state.slot_mut(1_700_000_000).tallies.entry(NodeIdx(2)) = Tally { consumed: 5, refunded: 1, requested: 9 };
+        *state.slot_mut(1_700_000_000).tallies.entry(NodeIdx(2)) = Tally {
+            consumed: 5,
+            refunded: 1,
+            requested: 9,
+        };
         state.holdings.give(NodeIdx(0), NodeIdx(2), 40);
-        Message::Deltas(DeltaBatch { sent_at_ms: 1_700_000_000_123, keys: vec![KeyState { id: b"api\0\xffacme".to_vec(), state }] })
+        Message::Deltas(DeltaBatch {
+            sent_at_ms: 1_700_000_000_123,
+            keys: vec![KeyState {
+                id: b"api\0\xffacme".to_vec(),
+                state,
+            }],
+        })
     }
 
     #[test]
     fn frames_round_trip() {
         for msg in [
             sample(),
-            Message::Hello(Hello { node: "eu-1".into(), replica_digest: 42, incarnation: 7 }),
+            Message::Hello(Hello {
+                node: "eu-1".into(),
+                replica_digest: 42,
+                incarnation: 7,
+            }),
             Message::PullRequest,
             Message::Forward {
                 id: 3,
-                checks: vec![ForwardCheck { rule: "r".into(), key: "k".into(), cost: 2, class: None, dry_run: false }],
+                checks: vec![ForwardCheck {
+                    rule: "r".into(),
+                    key: "k".into(),
+                    cost: 2,
+                    class: None,
+                    dry_run: false,
+                }],
             },
         ] {
             let frame = encode_frame(&msg).unwrap();
@@ -305,24 +350,42 @@ mod tests {
     fn a_frame_of_another_version_is_refused_not_misread() {
         let mut frame = encode_frame(&sample()).unwrap();
         frame[0] = VERSION + 1;
-        assert_eq!(decode_frame(&frame), Err(DecodeError::UnsupportedVersion { got: VERSION + 1, expected: VERSION }));
+        assert_eq!(
+            decode_frame(&frame),
+            Err(DecodeError::UnsupportedVersion {
+                got: VERSION + 1,
+                expected: VERSION
+            })
+        );
     }
 
     #[test]
     fn an_oversized_frame_is_refused_from_its_header() {
         let mut header = [VERSION, 0, 0, 0, 0];
         header[1..5].copy_from_slice(&((MAX_FRAME_BYTES as u32) + 1).to_le_bytes());
-        assert!(matches!(FrameHeader::parse(&header), Err(DecodeError::TooLarge { .. })));
+        assert!(matches!(
+            FrameHeader::parse(&header),
+            Err(DecodeError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn truncated_and_padded_frames_are_refused() {
         let frame = encode_frame(&sample()).unwrap();
-        assert!(matches!(decode_frame(&frame[..frame.len() - 1]), Err(DecodeError::Truncated { .. })));
-        assert!(matches!(decode_frame(&frame[..3]), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            decode_frame(&frame[..frame.len() - 1]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        assert!(matches!(
+            decode_frame(&frame[..3]),
+            Err(DecodeError::Truncated { .. })
+        ));
         let mut padded = frame.clone();
         padded.push(0);
-        assert!(matches!(decode_frame(&padded), Err(DecodeError::Corrupted(_))));
+        assert!(matches!(
+            decode_frame(&padded),
+            Err(DecodeError::Corrupted(_))
+        ));
     }
 
     #[test]
@@ -332,7 +395,10 @@ mod tests {
         payload.push(0); // sent_at_ms = 0
         payload.extend_from_slice(&[0xfd]); // varint marker for a u64
         payload.extend_from_slice(&(1u64 << 60).to_le_bytes());
-        assert!(matches!(decode_payload(&payload), Err(DecodeError::Corrupted(_))));
+        assert!(matches!(
+            decode_payload(&payload),
+            Err(DecodeError::Corrupted(_))
+        ));
     }
 
     proptest::proptest! {
