@@ -42,6 +42,10 @@ pub struct ClusterView {
     pub sync_gen: u64,
     /// This node is not the key's owner and decides alone because the owner is unreachable.
     pub acting_alone: bool,
+    /// This node has (re)started and not yet pulled the cluster's state: it may not know
+    /// what it consumed or gave away before, so strict mode admits nothing and optimistic
+    /// mode treats every other region as unreachable.
+    pub recovering: bool,
 }
 
 impl ClusterView {
@@ -52,13 +56,14 @@ impl ClusterView {
             unreachable: RegionMask::EMPTY,
             sync_gen: 0,
             acting_alone: false,
+            recovering: false,
         }
     }
 
     /// Whether decisions are made under a conservative cap.
     #[inline]
     pub fn degraded(&self) -> bool {
-        self.acting_alone || !self.unreachable.is_empty()
+        self.acting_alone || self.recovering || !self.unreachable.is_empty()
     }
 }
 

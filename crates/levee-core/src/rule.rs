@@ -330,7 +330,7 @@ pub enum KeyFrom {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CheckError {
     /// The cost is more than the rule (or the class) could ever grant.
-    #[error("field `cost`: {cost} is more than rule {rule:?} can ever grant (at most {max})")]
+    #[error("{cost} is more than rule {rule:?} can ever grant (at most {max})")]
     CostTooHigh {
         /// The rule.
         rule: String,
@@ -340,7 +340,7 @@ pub enum CheckError {
         max: u64,
     },
     /// The class is not defined by the rule.
-    #[error("field `class`: rule {rule:?} has no class {class:?}")]
+    #[error("rule {rule:?} has no class {class:?}")]
     UnknownClass {
         /// The rule.
         rule: String,
@@ -348,11 +348,21 @@ pub enum CheckError {
         class: String,
     },
     /// The rule defines classes and the request named none.
-    #[error("field `class`: rule {rule:?} defines classes; the request must name one of them")]
+    #[error("rule {rule:?} defines classes; the request must name one of them")]
     MissingClass {
         /// The rule.
         rule: String,
     },
+}
+
+impl CheckError {
+    /// The request field the error is about (`cost` or `class`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            CheckError::CostTooHigh { .. } => "cost",
+            CheckError::UnknownClass { .. } | CheckError::MissingClass { .. } => "class",
+        }
+    }
 }
 
 impl RuleSpec {

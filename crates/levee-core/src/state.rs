@@ -34,11 +34,15 @@
 //! between two syncs at most its region's share of what was left at the last sync.
 
 use crate::crdt::{BucketReg, KeyCrdt, Lattice, Tally, TransferMatrix};
-use crate::decision::{AllDecision, Consistency, DecideCtx, Decision, Usage};
+use crate::decision::{AllDecision, ClusterView, Consistency, DecideCtx, Decision, Usage};
 use crate::forecast::Forecast;
-use crate::replica::{NodeIdx, ReplicaSet};
+use crate::replica::{NodeIdx, RegionMask, ReplicaSet};
 use crate::rule::{Algorithm, RuleMode, Target};
 use crate::time::Millis;
+
+/// The retry-after a recovering node answers: it expects to have pulled the cluster's state
+/// by then.
+pub const RECOVERY_RETRY_MS: u64 = 1_000;
 
 /// Nanotokens per token: token-bucket levels are fixed-point integers.
 pub const NANO: i128 = 1_000_000_000;
@@ -459,6 +463,38 @@ impl KeyState {
     fn evaluate(&self, target: &Target<'_>, cost: u64, ctx: &DecideCtx<'_>) -> Evaluation {
         let algo = target.algorithm;
         let e = algo.epoch(ctx.now);
+        if ctx.view.recovering {
+            match ctx.view.consistency {
+                // What this node gave away before it restarted is unknown until it has pulled
+                // the cluster's state: it spends nothing.
+                Consistency::Strict => {
+                    return Evaluation {
+                        would_allow: cost == 0,
+                        available: 0,
+                        reset: Reset::Known { taken: 0, kept: 0 },
+                        retry_after_ms: if cost == 0 { 0 } else { RECOVERY_RETRY_MS },
+                        epoch: e,
+                        level_nt: 0,
+                        allowance: Allowance::default(),
+                    };
+                }
+                // Every other region counts as having spent its full share.
+                Consistency::Optimistic => {
+                    let replicas = ctx.replicas;
+                    let mine = replicas.region_of(ctx.me);
+                    let unreachable = replicas
+                        .regions()
+                        .filter(|&r| r != mine)
+                        .fold(RegionMask::EMPTY, RegionMask::with);
+                    let view = ClusterView {
+                        unreachable,
+                        recovering: false,
+                        ..ctx.view
+                    };
+                    return self.evaluate(target, cost, &DecideCtx { view, ..*ctx });
+                }
+            }
+        }
         match *algo {
             Algorithm::FixedWindow { limit, .. } | Algorithm::Quota { limit, .. } => {
                 self.eval_window(target, limit, e, cost, ctx)
@@ -880,12 +916,14 @@ fn decision_of(
         ev.available
     };
     let reset_after_ms = ev.reset.ms(consumed);
+    let allowed = mode == RuleMode::Shadow || (ev.would_allow && call_allowed);
     Decision {
-        allowed: mode == RuleMode::Shadow || (ev.would_allow && call_allowed),
+        allowed,
         would_allow: ev.would_allow,
         limit: algo.capacity(),
         remaining: remaining.min(algo.capacity()),
         reset_after_ms,
+        // A shadow rule reports the retry-after it would have answered (with `would_allow`).
         retry_after_ms: ev.retry_after_ms,
         mode,
         degraded: ctx.view.degraded(),

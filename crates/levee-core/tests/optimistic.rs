@@ -76,6 +76,7 @@ fn view(unreachable: RegionMask, sync_gen: u64) -> ClusterView {
         unreachable,
         sync_gen,
         acting_alone: false,
+        recovering: false,
     }
 }
 

@@ -193,6 +193,7 @@ fn strict_ctx(replicas: &ReplicaSet, now: u64, node: usize) -> DecideCtx<'_> {
         unreachable: RegionMask::EMPTY,
         sync_gen: 0,
         acting_alone: false,
+        recovering: false,
     };
     DecideCtx {
         now,

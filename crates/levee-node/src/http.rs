@@ -147,8 +147,17 @@ fn too_large(limit: usize) -> ApiError {
     }
 }
 
-/// Decodes JSON, naming the path of a wrong field.
+/// Decodes a JSON object, naming the path of a wrong field. Anything but an object (serde
+/// would also read a struct from a positional array) is refused.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(b'[' | b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
+            return Err(ApiError::invalid("body: must be a JSON object"));
+        }
+        None => return Err(ApiError::invalid("body: empty; a JSON object is required")),
+        Some(_) => return Err(ApiError::invalid("body: malformed JSON")),
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -360,6 +369,11 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
         }
         let mut checks = Vec::with_capacity(body.checks.len());
         for (i, v) in body.checks.into_iter().enumerate() {
+            if !v.is_object() {
+                return Err(ApiError::invalid(format!(
+                    "checks[{i}]: must be a JSON object"
+                )));
+            }
             let c: CheckBody = serde_path_to_error::deserialize(v).map_err(|e| {
                 let path = e.path().to_string();
                 let msg = strip_position(&e.into_inner().to_string());

@@ -266,7 +266,9 @@ impl Limiter {
     }
 
     /// Replaces the rules (after a reload). Keys of rules that no longer exist, or whose
-    /// algorithm or figures changed, are dropped: their counts mean nothing under the new rule.
+    /// algorithm, time base (window, period, refill period) or classes changed, are dropped:
+    /// their counts mean nothing under the new rule. A changed limit, burst or rate keeps the
+    /// counts, so raising a limit does not reset every tenant.
     pub fn replace_rules(&self, config: &Config) {
         let new = RuleSet::from_config(config);
         let old = self.rules.load_full();
@@ -274,9 +276,10 @@ impl Limiter {
             .by_name
             .iter()
             .map(|(name, e)| {
-                let same = old.by_name.get(name).is_some_and(|o| {
-                    o.rule.algorithm == e.rule.algorithm && o.rule.classes == e.rule.classes
-                });
+                let same = old
+                    .by_name
+                    .get(name)
+                    .is_some_and(|o| same_basis(&o.rule, &e.rule));
                 (name.as_str(), same)
             })
             .collect();
@@ -324,7 +327,7 @@ impl Limiter {
         let target = entry
             .rule
             .target(class, cost)
-            .map_err(|e| ApiError::invalid(format!("{field}{e}")))?;
+            .map_err(|e| ApiError::invalid(format!("{field}{}: {e}", e.field())))?;
         let mut buf = Vec::new();
         encode_id(&mut buf, &entry.rule.name, target.bucket, key);
         Ok(Resolved {
@@ -345,37 +348,45 @@ impl Limiter {
             req.class.as_deref(),
             req.cost,
         )?;
+        let decision = self.decide_resolved(&rules, &r, req, "")?;
+        Ok(self.outcome(&r, &req.rule, &req.key, decision))
+    }
+
+    /// Decides a resolved check, answering a retry with a known idempotency key from the
+    /// cache (without charging it again).
+    fn decide_resolved(
+        &self,
+        rules: &RuleSet,
+        r: &Resolved<'_>,
+        req: &CheckRequest,
+        field: &str,
+    ) -> Result<Decision, ApiError> {
         let decide = || {
-            let ctx = self.ctx(&rules, self.clock.now_ms());
+            let ctx = self.ctx(rules, self.clock.now_ms());
             let d = self.store.with(&r.id, |s| {
                 s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, &ctx)
             });
             self.record(&r.entry.metrics, &d, req.dry_run);
             d
         };
-        let decision = match &req.idempotency_key {
-            Some(k) if !req.dry_run => {
-                let window = r.target.algorithm.policy_window_secs(self.clock.now_ms()) * 1000;
-                let mut fresh = false;
-                let (cached, _) = self.idempotency.get_with((r.id.clone(), k.clone()), || {
-                    fresh = true;
-                    (Cached::One(decide()), window)
-                });
-                if !fresh {
-                    self.metrics.replays.increment(1);
-                }
-                match cached {
-                    Cached::One(d) => d,
-                    Cached::All(_) => {
-                        return Err(ApiError::invalid(
-                            "idempotency_key: already used for an `all` call",
-                        ));
-                    }
-                }
-            }
-            _ => decide(),
+        let Some(k) = req.idempotency_key.as_ref().filter(|_| !req.dry_run) else {
+            return Ok(decide());
         };
-        Ok(self.outcome(&r, &req.rule, &req.key, decision))
+        let window = r.target.algorithm.policy_window_secs(self.clock.now_ms()) * 1000;
+        let mut fresh = false;
+        let (cached, _) = self.idempotency.get_with((r.id.clone(), k.clone()), || {
+            fresh = true;
+            (Cached::One(decide()), window)
+        });
+        if !fresh {
+            self.metrics.replays.increment(1);
+        }
+        match cached {
+            Cached::One(d) => Ok(d),
+            Cached::All(_) => Err(ApiError::invalid(format!(
+                "{field}idempotency_key: already used for an `all` call"
+            ))),
+        }
     }
 
     /// Decides several checks, each on its own, in order. Every check is validated before any
@@ -384,11 +395,6 @@ impl Limiter {
         let rules = self.rules.load();
         let mut resolved = Vec::with_capacity(checks.len());
         for (i, c) in checks.iter().enumerate() {
-            if c.idempotency_key.is_some() {
-                return Err(ApiError::invalid(format!(
-                    "checks[{i}].idempotency_key: not supported in a batch"
-                )));
-            }
             resolved.push(self.resolve(
                 &rules,
                 &format!("checks[{i}]."),
@@ -398,18 +404,12 @@ impl Limiter {
                 c.cost,
             )?);
         }
-        let ctx = self.ctx(&rules, self.clock.now_ms());
-        Ok(checks
-            .iter()
-            .zip(&resolved)
-            .map(|(c, r)| {
-                let d = self.store.with(&r.id, |s| {
-                    s.decide(&r.target, r.entry.rule.mode, c.cost, c.dry_run, &ctx)
-                });
-                self.record(&r.entry.metrics, &d, c.dry_run);
-                self.outcome(r, &c.rule, &c.key, d)
-            })
-            .collect())
+        let mut out = Vec::with_capacity(checks.len());
+        for (i, (c, r)) in checks.iter().zip(&resolved).enumerate() {
+            let d = self.decide_resolved(&rules, r, c, &format!("checks[{i}]."))?;
+            out.push(self.outcome(r, &c.rule, &c.key, d));
+        }
+        Ok(out)
     }
 
     /// Decides an atomic call over several rules: nothing is consumed unless all allow.
@@ -591,6 +591,24 @@ impl Limiter {
             window_secs: r.target.algorithm.policy_window_secs(self.clock.now_ms()),
         }
     }
+}
+
+/// Whether the counts kept under `old` still mean the same under `new`.
+fn same_basis(old: &Rule, new: &Rule) -> bool {
+    use levee_core::Algorithm::{FixedWindow, Quota, SlidingWindow, TokenBucket};
+    let basis = |r: &Rule| match r.algorithm {
+        TokenBucket { per_ms, .. } => (0, per_ms),
+        FixedWindow { window_ms, .. } => (1, window_ms),
+        SlidingWindow { window_ms, .. } => (2, window_ms),
+        Quota { period, .. } => (3, period as u64),
+    };
+    let classes = |r: &Rule| {
+        r.classes
+            .iter()
+            .map(|c| (c.name.clone(), c.own.is_some()))
+            .collect::<Vec<_>>()
+    };
+    basis(old) == basis(new) && old.class_method == new.class_method && classes(old) == classes(new)
 }
 
 fn check_key(field: &str, key: &str) -> Result<(), ApiError> {

@@ -25,27 +25,7 @@ use parking_lot::Mutex;
 /// The stored identity of a key: `rule \0 bucket key-bytes` (bucket 0xff: no class bucket).
 pub type KeyId = Box<[u8]>;
 
-/// The "no class bucket" marker in a [`KeyId`].
-pub const NO_BUCKET: u8 = 0xff;
-
-/// Encodes a key identity into `buf` (cleared first).
-pub fn encode_id(buf: &mut Vec<u8>, rule: &str, bucket: Option<u8>, key: &str) {
-    buf.clear();
-    buf.reserve(rule.len() + key.len() + 2);
-    buf.extend_from_slice(rule.as_bytes());
-    buf.push(0);
-    buf.push(bucket.unwrap_or(NO_BUCKET));
-    buf.extend_from_slice(key.as_bytes());
-}
-
-/// Splits a key identity into rule name, bucket and key.
-pub fn decode_id(id: &[u8]) -> Option<(&str, Option<u8>, &str)> {
-    let zero = id.iter().position(|&b| b == 0)?;
-    let rule = std::str::from_utf8(&id[..zero]).ok()?;
-    let bucket = *id.get(zero + 1)?;
-    let key = std::str::from_utf8(&id[zero + 2..]).ok()?;
-    Some((rule, (bucket != NO_BUCKET).then_some(bucket), key))
-}
+pub use levee_proto::{NO_BUCKET, decode_id, encode_id};
 
 /// A key's state and its use count since the clock hand last passed.
 #[derive(Debug, Default)]
@@ -214,15 +194,6 @@ mod tests {
         let mut b = Vec::new();
         encode_id(&mut b, "r", None, s);
         b.into()
-    }
-
-    #[test]
-    fn ids_round_trip() {
-        let mut b = Vec::new();
-        encode_id(&mut b, "rule-1", Some(3), "acme/ü");
-        assert_eq!(decode_id(&b), Some(("rule-1", Some(3), "acme/ü")));
-        encode_id(&mut b, "r", None, "");
-        assert_eq!(decode_id(&b), Some(("r", None, "")));
     }
 
     #[test]

@@ -16,6 +16,29 @@
 use levee_core::KeyCrdt;
 use serde::{Deserialize, Serialize};
 
+/// The "no class bucket" marker in a key identity.
+pub const NO_BUCKET: u8 = 0xff;
+
+/// Encodes a key's stored identity into `buf` (cleared first): the rule's name, a zero byte,
+/// the class bucket (0xff: none), then the key's bytes. Rule names never hold a zero byte.
+pub fn encode_id(buf: &mut Vec<u8>, rule: &str, bucket: Option<u8>, key: &str) {
+    buf.clear();
+    buf.reserve(rule.len() + key.len() + 2);
+    buf.extend_from_slice(rule.as_bytes());
+    buf.push(0);
+    buf.push(bucket.unwrap_or(NO_BUCKET));
+    buf.extend_from_slice(key.as_bytes());
+}
+
+/// Splits a key identity into rule name, class bucket and key.
+pub fn decode_id(id: &[u8]) -> Option<(&str, Option<u8>, &str)> {
+    let zero = id.iter().position(|&b| b == 0)?;
+    let rule = std::str::from_utf8(&id[..zero]).ok()?;
+    let bucket = *id.get(zero + 1)?;
+    let key = std::str::from_utf8(&id[zero + 2..]).ok()?;
+    Some((rule, (bucket != NO_BUCKET).then_some(bucket), key))
+}
+
 /// The protocol version this build speaks.
 pub const VERSION: u8 = 1;
 /// The largest payload accepted, in bytes.
@@ -318,6 +341,16 @@ mod tests {
                 state,
             }],
         })
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        let mut b = Vec::new();
+        encode_id(&mut b, "rule-1", Some(3), "acme/ü");
+        assert_eq!(decode_id(&b), Some(("rule-1", Some(3), "acme/ü")));
+        encode_id(&mut b, "r", None, "");
+        assert_eq!(decode_id(&b), Some(("r", None, "")));
+        assert_eq!(decode_id(b"no-zero"), None);
     }
 
     #[test]

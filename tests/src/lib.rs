@@ -1,0 +1,795 @@
+//! A harness for black-box tests of the `levee` binary: it starts real `levee serve`
+//! processes on free loopback ports, talks to them over real HTTP, and stops them on drop.
+//!
+//! A test gives [`Node::start`] a TOML configuration. The harness fills in `[node] http` with a
+//! free port: write `http = {http}` where it belongs, or leave `http` out and the harness adds
+//! it to the `[node]` table (creating the table if there is none). `{data_dir}` stands for a
+//! directory inside the node's temporary directory.
+//!
+//! Every [`Node`] owns its temporary directory and its process: dropping it sends SIGTERM,
+//! waits a little, kills the process if it is still there, and removes the directory.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// How long a node may take to answer `/readyz` with 200.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a node may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The `levee` binary: `target/<profile>/levee` beside this test's executable. `LEVEE_BIN`
+/// overrides the path.
+///
+/// Under `cargo test` (which does not build other packages' binaries) the first call runs
+/// `cargo build -p levee --bin levee` into the same target directory, so the tests never run
+/// a stale binary; that is a no-op when it is up to date. Run directly, the test executable
+/// builds the binary only when it is missing.
+pub fn levee_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("LEVEE_BIN") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("the test executable's path");
+        // target/<profile>/deps/<test> → target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test executable lives in target/<profile>/deps")
+            .to_owned();
+        let bin = profile_dir.join(format!("levee{}", std::env::consts::EXE_SUFFIX));
+        let cargo = std::env::var_os("CARGO");
+        if cargo.is_some() || !bin.exists() {
+            let mut cmd = Command::new(cargo.unwrap_or_else(|| "cargo".into()));
+            cmd.args(["build", "--quiet", "-p", "levee", "--bin", "levee"]);
+            match profile_dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") | None => {}
+                Some("release") => {
+                    cmd.arg("--release");
+                }
+                Some(other) => {
+                    cmd.args(["--profile", other]);
+                }
+            }
+            if let Some(target_dir) = profile_dir.parent() {
+                cmd.arg("--target-dir").arg(target_dir);
+            }
+            let status = cmd
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cannot run cargo to build the levee binary");
+            assert!(
+                status.success(),
+                "`cargo build -p levee --bin levee` failed"
+            );
+            assert!(
+                bin.exists(),
+                "cargo built levee but {} does not exist",
+                bin.display()
+            );
+        }
+        bin
+    })
+}
+
+/// A `levee` command (not a node): `levee config check …`, `levee check …`.
+pub fn levee() -> Command {
+    Command::new(levee_binary())
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local address").port()
+}
+
+/// Percent-encodes one path segment (everything but unreserved characters).
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The value of a Prometheus sample `name{labels}` in exposition text, if present. The label
+/// set must match exactly (in any order).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples(text)
+        .into_iter()
+        .find(|s| {
+            s.name == name
+                && s.labels.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.iter().any(|(k2, v2)| k2 == k && v2 == v))
+        })
+        .map(|s| s.value)
+}
+
+/// One sample of Prometheus text exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The metric name.
+    pub name: String,
+    /// Its labels, in the order written.
+    pub labels: Vec<(String, String)>,
+    /// Its value.
+    pub value: f64,
+}
+
+/// Every sample of a Prometheus text exposition (comments skipped).
+pub fn samples(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(p) => p,
+            None => continue,
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series.to_owned(), Vec::new()),
+            Some((name, rest)) => (
+                name.to_owned(),
+                parse_labels(rest.strip_suffix('}').unwrap_or(rest)),
+            ),
+        };
+        out.push(Sample {
+            name,
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+fn parse_labels(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some((k, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, n)) = chars.next() {
+                        value.push(match n {
+                            'n' => '\n',
+                            other => other,
+                        });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        out.push((k.trim_start_matches(',').trim().to_owned(), value));
+        rest = &after[end..];
+    }
+    out
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// Headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The body as text.
+    pub body: String,
+    /// The body as JSON (`Null` if it is not JSON).
+    pub json: Value,
+}
+
+impl Reply {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Header `name` parsed as an integer; panics if it is missing or not one.
+    pub fn header_u64(&self, name: &str) -> u64 {
+        let v = self
+            .header(name)
+            .unwrap_or_else(|| panic!("no {name} header in {self:?}"));
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}: {v:?} is not an integer"))
+    }
+
+    /// JSON field `field` as an integer; panics if it is missing or not one.
+    pub fn u64(&self, field: &str) -> u64 {
+        self.json[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no integer {field:?} in {}", self.body))
+    }
+
+    /// JSON field `allowed`; panics if it is missing.
+    pub fn allowed(&self) -> bool {
+        self.json["allowed"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("no boolean \"allowed\" in {}", self.body))
+    }
+
+    /// Asserts this is the JSON error `status`/`code` whose message contains `needle`.
+    #[track_caller]
+    pub fn assert_error(&self, status: u16, code: &str, needle: &str) {
+        assert_eq!(self.status, status, "status of {self:?}");
+        assert_eq!(
+            self.header("content-type")
+                .map(|v| v.starts_with("application/json")),
+            Some(true),
+            "an error is JSON: {self:?}"
+        );
+        assert_eq!(self.json["error"], code, "error code of {}", self.body);
+        let message = self.json["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no message in {}", self.body));
+        assert!(
+            message.contains(needle),
+            "the message {message:?} should name {needle:?}"
+        );
+    }
+}
+
+/// How the configuration file is laid out on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `<dir>/levee.toml`, a plain file.
+    Plain,
+    /// A Kubernetes ConfigMap mount: `levee.toml -> ..data/levee.toml`, `..data -> ..<version>`.
+    ConfigMap,
+}
+
+/// A running `levee serve` process with its own temporary directory.
+pub struct Node {
+    child: Option<Child>,
+    dir: TempDir,
+    config_path: PathBuf,
+    port: u16,
+    layout: Layout,
+    configmap_version: u32,
+    agent: ureq::Agent,
+}
+
+impl Node {
+    /// Starts a node on `config` (see the module docs for `{http}` and `{data_dir}`) and waits
+    /// until `/readyz` answers 200.
+    pub fn start(config: &str) -> Node {
+        Node::start_with(config, Layout::Plain)
+    }
+
+    /// Like [`Node::start`], with the configuration mounted the way a Kubernetes ConfigMap is:
+    /// `levee.toml -> ..data/levee.toml` and `..data -> ..2026_v1`.
+    pub fn start_configmap(config: &str) -> Node {
+        Node::start_with(config, Layout::ConfigMap)
+    }
+
+    fn start_with(config: &str, layout: Layout) -> Node {
+        let dir = tempfile::Builder::new()
+            .prefix("levee-blackbox-")
+            .tempdir()
+            .expect("a temporary directory");
+        let config_path = dir.path().join("levee.toml");
+        let mut node = Node {
+            child: None,
+            dir,
+            config_path,
+            port: 0,
+            layout,
+            configmap_version: 0,
+            agent: new_agent(),
+        };
+        // Another process may take the free port between the probe and the node's bind: retry.
+        for attempt in 1..=5 {
+            node.port = free_port();
+            let text = node.render(config);
+            match layout {
+                Layout::Plain => write_file(&node.config_path, &text),
+                Layout::ConfigMap => node.swap_configmap_rendered(&text),
+            }
+            match node.spawn() {
+                Ok(()) => return node,
+                Err(stderr) if attempt < 5 && stderr.contains("cannot listen") => continue,
+                Err(stderr) => panic!("levee serve did not become ready:\n{stderr}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// Fills in `{http}` and `{data_dir}`.
+    fn render(&self, template: &str) -> String {
+        let http = format!("\"127.0.0.1:{}\"", self.port);
+        let data_dir = toml_string(&self.data_dir());
+        let mut text = template.to_owned();
+        if !text.contains("{http}") {
+            text = match text.lines().position(|l| l.trim() == "[node]") {
+                Some(i) => {
+                    let mut lines: Vec<&str> = text.lines().collect();
+                    lines.insert(i + 1, "http = {http}");
+                    lines.join("\n") + "\n"
+                }
+                None => format!("[node]\nhttp = {{http}}\n\n{text}"),
+            };
+        }
+        text.replace("{http}", &http)
+            .replace("{data_dir}", &data_dir)
+    }
+
+    /// Spawns the process and waits for readiness; on failure returns its stderr.
+    fn spawn(&mut self) -> Result<(), String> {
+        let stdout = File::create(self.dir.path().join("stdout.log")).expect("stdout.log");
+        let stderr = File::create(self.dir.path().join("stderr.log")).expect("stderr.log");
+        let child = Command::new(levee_binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config_path)
+            .env("LEVEE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", levee_binary().display()));
+        self.child = Some(child);
+        self.agent = new_agent();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(format!(
+                    "levee serve exited with {status} before it was ready; stderr:\n{}",
+                    self.stderr()
+                ));
+            }
+            if self.try_get("/readyz").is_some_and(|r| r.status == 200) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.terminate();
+                return Err(format!(
+                    "levee serve did not answer /readyz with 200 within {READY_TIMEOUT:?}; stderr:\n{}",
+                    self.stderr()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The node's HTTP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id; panics if the node is not running.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the node is running").id()
+    }
+
+    /// The node's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The directory `{data_dir}` stands for.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The configuration path given to `levee serve --config`.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// What the node wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    /// Replaces the configuration file in place (rendered like the one the node started with).
+    pub fn write_config(&self, config: &str) {
+        assert_eq!(
+            self.layout,
+            Layout::Plain,
+            "use swap_configmap for a ConfigMap"
+        );
+        write_file(&self.config_path, &self.render(config));
+    }
+
+    /// Replaces the configuration file in place but gives it back its old modification time,
+    /// the way `cp -p` or `rsync -t` can: the node's file watcher, which looks at the file's
+    /// metadata, does not notice, so only an explicit reload (SIGHUP, `/admin/reload`) applies
+    /// it. The new text must be as long as the old one.
+    pub fn write_config_unnoticed(&self, config: &str) {
+        assert_eq!(
+            self.layout,
+            Layout::Plain,
+            "use swap_configmap for a ConfigMap"
+        );
+        let text = self.render(config);
+        let old = std::fs::metadata(&self.config_path).expect("the configuration's metadata");
+        assert_eq!(
+            old.len(),
+            text.len() as u64,
+            "write_config_unnoticed needs a text of the same length"
+        );
+        let mtime = old.modified().expect("mtime");
+        // Same length: overwrite in place without truncating, so the size never changes.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(false)
+            .open(&self.config_path)
+            .expect("open the configuration");
+        f.write_all(text.as_bytes())
+            .expect("write the configuration");
+        f.set_modified(mtime)
+            .expect("restore the modification time");
+    }
+
+    /// Publishes a new ConfigMap version the way the kubelet does: writes `..<version>/`, points
+    /// a fresh `..data_tmp` symlink at it and renames it over `..data` (one atomic step).
+    pub fn swap_configmap(&mut self, config: &str) {
+        assert_eq!(
+            self.layout,
+            Layout::ConfigMap,
+            "the node was not started with a ConfigMap"
+        );
+        let text = self.render(config);
+        self.swap_configmap_rendered(&text);
+    }
+
+    fn swap_configmap_rendered(&mut self, text: &str) {
+        self.configmap_version += 1;
+        let root = self.dir.path();
+        let version = format!("..2026_v{}", self.configmap_version);
+        std::fs::create_dir(root.join(&version)).expect("create the ConfigMap version dir");
+        write_file(&root.join(&version).join("levee.toml"), text);
+        let tmp = root.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&version, &tmp).expect("symlink ..data_tmp");
+        std::fs::rename(&tmp, root.join("..data")).expect("rename ..data_tmp over ..data");
+        let link = root.join("levee.toml");
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink("..data/levee.toml", &link).expect("symlink levee.toml");
+        }
+    }
+
+    /// Sends a signal (`"TERM"`, `"HUP"` …) to the node with `kill(1)`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid();
+        assert!(send_signal(pid, signal), "kill -{signal} {pid} failed");
+    }
+
+    /// SIGTERM, then waits (bounded) for the process to exit; returns its exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("the node is running");
+        assert!(
+            send_signal(child.id(), "TERM"),
+            "kill -TERM {} failed",
+            child.id()
+        );
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for levee") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "levee did not exit within {STOP_TIMEOUT:?} of SIGTERM; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the node (SIGTERM, wait for exit) and starts it again on the same configuration,
+    /// port and data directory.
+    pub fn restart(&mut self) {
+        let status = self.stop();
+        assert!(
+            status.success(),
+            "levee exited with {status} on SIGTERM; stderr:\n{}",
+            self.stderr()
+        );
+        // The port was ours a moment ago; give the kernel a few tries to hand it back.
+        let mut last = String::new();
+        for _ in 0..5 {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(stderr) if stderr.contains("cannot listen") => {
+                    last = stderr;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(stderr) => panic!("levee did not restart:\n{stderr}"),
+            }
+        }
+        panic!("levee did not restart:\n{last}");
+    }
+
+    /// The resident set size of the process in KiB (`VmRSS` of `/proc/<pid>/status`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+
+    fn terminate(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        send_signal(child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    // ---- HTTP ----
+
+    /// Sends a request; `None` if the node could not be reached.
+    pub fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Option<Reply> {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url()));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let result = match body {
+            Some(b) => self
+                .agent
+                .run(req.body(b.to_vec()).expect("a valid request")),
+            None => self.agent.run(req.body(()).expect("a valid request")),
+        };
+        let resp = result.ok()?;
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_ascii_lowercase(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = resp
+            .into_body()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .ok()?;
+        let json = serde_json::from_str(&body).unwrap_or(Value::Null);
+        Some(Reply {
+            status,
+            headers,
+            body,
+            json,
+        })
+    }
+
+    /// Sends a request; panics (with the node's stderr) if the node could not be reached.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Reply {
+        self.try_request(method, path, headers, body)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{method} {path}: no answer from the node; stderr:\n{}",
+                    self.stderr()
+                )
+            })
+    }
+
+    fn try_get(&self, path: &str) -> Option<Reply> {
+        self.try_request("GET", path, &[], None)
+    }
+
+    /// `GET path`.
+    pub fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, &[], None)
+    }
+
+    /// `GET path` with extra headers.
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.request("GET", path, headers, None)
+    }
+
+    /// `POST path` with a JSON body.
+    pub fn post_json(&self, path: &str, body: &Value) -> Reply {
+        self.post_raw(path, "application/json", body.to_string().as_bytes())
+    }
+
+    /// `POST path` with any body and content type.
+    pub fn post_raw(&self, path: &str, content_type: &str, body: &[u8]) -> Reply {
+        self.request("POST", path, &[("content-type", content_type)], Some(body))
+    }
+
+    /// `POST path` (empty body), with `Authorization: Bearer <token>` when `token` is given.
+    pub fn post_with_token(&self, path: &str, token: Option<&str>) -> Reply {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = auth
+            .as_deref()
+            .map(|a| vec![("authorization", a)])
+            .unwrap_or_default();
+        self.request("POST", path, &headers, Some(b""))
+    }
+
+    /// `DELETE path`, with `Authorization: Bearer <token>` when `token` is given.
+    pub fn delete_with_token(&self, path: &str, token: Option<&str>) -> Reply {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = auth
+            .as_deref()
+            .map(|a| vec![("authorization", a)])
+            .unwrap_or_default();
+        self.request("DELETE", path, &headers, None)
+    }
+
+    /// `POST /v1/check` for one rule and key.
+    pub fn check(&self, rule: &str, key: &str, cost: u64) -> Reply {
+        let r = self.post_json(
+            "/v1/check",
+            &serde_json::json!({ "rule": rule, "key": key, "cost": cost }),
+        );
+        assert_eq!(r.status, 200, "a check is answered 200: {r:?}");
+        r
+    }
+
+    /// `GET /v1/usage/{rule}/{key}` (the key URL-encoded); panics unless 200.
+    pub fn usage(&self, rule: &str, key: &str) -> Value {
+        let r = self.get(&format!(
+            "/v1/usage/{}/{}",
+            encode_segment(rule),
+            encode_segment(key)
+        ));
+        assert_eq!(r.status, 200, "usage of {rule}/{key}: {r:?}");
+        r.json
+    }
+
+    /// `used` of `GET /v1/usage/{rule}/{key}`.
+    pub fn used(&self, rule: &str, key: &str) -> u64 {
+        let u = self.usage(rule, key);
+        u["used"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no integer used in {u}"))
+    }
+
+    /// The text of `GET /metrics`.
+    pub fn metrics(&self) -> String {
+        let r = self.get("/metrics");
+        assert_eq!(r.status, 200, "/metrics: {r:?}");
+        r.body
+    }
+
+    /// The rules of `GET /v1/rules`.
+    pub fn rules(&self) -> Vec<Value> {
+        let r = self.get("/v1/rules");
+        assert_eq!(r.status, 200, "/v1/rules: {r:?}");
+        r.json["rules"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no rules array in {}", r.body))
+            .clone()
+    }
+
+    /// The rule named `name` in `GET /v1/rules`.
+    pub fn rule(&self, name: &str) -> Option<Value> {
+        self.rules().into_iter().find(|r| r["name"] == name)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("url", &self.url())
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+fn new_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// `kill -<signal> <pid>`; whether it was delivered.
+fn send_signal(pid: u32, signal: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn write_file(path: &Path, text: &str) {
+    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// A path as a TOML basic string.
+fn toml_string(p: &Path) -> String {
+    let s = p.display().to_string();
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
