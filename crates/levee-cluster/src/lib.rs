@@ -1,0 +1,491 @@
+//! # levee-cluster
+//!
+//! The replication protocol as a state machine: no I/O, no clock, no runtime. Events and
+//! `now` go in; messages to send come out.
+//!
+//! ## Call order
+//!
+//! * [`Cluster::new`] at start: it queues a full pull from every peer (join or restart).
+//! * [`Cluster::handle_message`] for every message received (after the transport checked the
+//!   peer's certificate and the frame).
+//! * [`Cluster::handle_tick`] every `gossip_interval`: failure detection, rebalancing of spare
+//!   rights, delta gossip (coalesced per key, batched per destination), heartbeats, and now
+//!   and then an anti-entropy digest.
+//! * After each of those, drain [`Cluster::poll_transmit`] and hand every message to the
+//!   transport; the state machine never waits for an answer.
+//! * [`Cluster::view`], [`Cluster::owner`] and [`Cluster::is_reachable`] on the request path.
+//!
+//! The key states live outside the machine, behind [`KeyStates`], so that a node keeps them
+//! in its concurrent store and the simulator in a plain map.
+//!
+//! ## What it guarantees
+//!
+//! Deltas carry absolute values of the sender's own entries, so loss, duplication and
+//! reordering are harmless and any later delta repairs an earlier loss. Keys that go quiet are
+//! repaired by anti-entropy: every `anti_entropy_interval` a node sends one peer (round robin)
+//! a digest of its keys in 256 buckets; the peer pushes its keys of every bucket that differs
+//! and asks for the sender's. A peer heard again after a silence gets a digest at once, so
+//! views agree within a few round trips after a partition heals. Every node gossips every
+//! key to every other node, so every node's view of a key converges, not only the owners'.
+
+pub mod membership;
+pub mod memory;
+pub mod ring;
+
+use std::collections::VecDeque;
+
+use levee_core::{ClusterView, Consistency, KeyCrdt, Millis, NodeIdx, RegionIdx, ReplicaSet};
+use levee_proto::{DeltaBatch, Digest, KeyState as WireKey, Message};
+
+use membership::{Change, Membership};
+use ring::Rings;
+
+/// Digest buckets: the key space is cut into this many ranges for anti-entropy.
+pub const DIGEST_BUCKETS: u32 = 256;
+/// Most keys in one message.
+pub const MAX_KEYS_PER_MESSAGE: usize = 256;
+
+/// Settings of the protocol.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node.
+    pub me: NodeIdx,
+    /// The agreed replica set.
+    pub replicas: ReplicaSet,
+    /// Strict or optimistic.
+    pub consistency: Consistency,
+    /// How often deltas are sent.
+    pub gossip_interval: Millis,
+    /// A peer not heard from within this is unreachable.
+    pub suspect_after: Millis,
+    /// How often a digest goes to one peer.
+    pub anti_entropy_interval: Millis,
+}
+
+/// A message for the transport to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The destination.
+    pub to: NodeIdx,
+    /// The message.
+    pub msg: Message,
+}
+
+/// Why a key's state was not merged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// The key states the protocol replicates, kept by the caller.
+pub trait KeyStates {
+    /// Removes and returns, for up to `max` keys, the entries this node wrote since the last
+    /// call (as absolute values).
+    fn drain_deltas(&mut self, max: usize) -> Vec<(Vec<u8>, KeyCrdt)>;
+    /// Joins a peer's state of a key into ours (creating the key if needed).
+    fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused>;
+    /// Calls `f` with every key's state and the oldest epoch still counted for it.
+    fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64));
+    /// Strict mode: moves spare rights of recently active keys toward demand.
+    fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx);
+}
+
+/// Reachability and sync state of one peer, for `/v1/cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The peer.
+    pub node: NodeIdx,
+    /// Heard from within `suspect_after`.
+    pub reachable: bool,
+    /// Milliseconds since last heard from.
+    pub last_heard_ms_ago: Option<Millis>,
+}
+
+/// The replication state machine of one node.
+pub struct Cluster {
+    cfg: ClusterConfig,
+    membership: Membership,
+    rings: Rings,
+    out: VecDeque<Outgoing>,
+    last_sent: Vec<Millis>,
+    next_anti_entropy: Millis,
+    ae_cursor: usize,
+    sync_gen: u64,
+    started: Millis,
+    synced: bool,
+    refused: u64,
+}
+
+impl Cluster {
+    /// A node that just started: it asks every peer for their full state.
+    pub fn new(cfg: ClusterConfig, now: Millis) -> Cluster {
+        let membership = Membership::new(&cfg.replicas, cfg.me, cfg.suspect_after);
+        let me = cfg.me;
+        let rings = Rings::new(&cfg.replicas, |n| n == me);
+        let n = cfg.replicas.len();
+        let mut c = Cluster {
+            membership,
+            rings,
+            out: VecDeque::new(),
+            last_sent: vec![0; n],
+            next_anti_entropy: now + cfg.anti_entropy_interval,
+            ae_cursor: 0,
+            sync_gen: 0,
+            started: now,
+            synced: n == 1,
+            refused: 0,
+            cfg,
+        };
+        for peer in c.peers() {
+            c.send(peer, Message::PullRequest, now);
+        }
+        c
+    }
+
+    /// This node.
+    pub fn me(&self) -> NodeIdx {
+        self.cfg.me
+    }
+
+    /// The replica set.
+    pub fn replicas(&self) -> &ReplicaSet {
+        &self.cfg.replicas
+    }
+
+    fn peers(&self) -> Vec<NodeIdx> {
+        self.cfg
+            .replicas
+            .nodes()
+            .filter(|&n| n != self.cfg.me)
+            .collect()
+    }
+
+    fn send(&mut self, to: NodeIdx, msg: Message, now: Millis) {
+        self.last_sent[usize::from(to.0)] = now;
+        self.out.push_back(Outgoing { to, msg });
+    }
+
+    /// The next message to send.
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
+        self.out.pop_front()
+    }
+
+    /// What decisions should assume about the cluster now.
+    pub fn view(&self) -> ClusterView {
+        ClusterView {
+            consistency: self.cfg.consistency,
+            unreachable: self.membership.unreachable_regions(&self.cfg.replicas),
+            sync_gen: self.sync_gen,
+            acting_alone: false,
+            recovering: !self.synced,
+        }
+    }
+
+    /// Whether the node has pulled the cluster's state (or found nobody to pull from).
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The owner of a key in this node's region, among the nodes believed reachable.
+    pub fn owner(&self, key: &[u8]) -> NodeIdx {
+        let region = self.cfg.replicas.region_of(self.cfg.me);
+        self.rings.owner(region, key).unwrap_or(self.cfg.me)
+    }
+
+    /// The owner of a key in `region`, among the nodes believed reachable.
+    pub fn owner_in(&self, region: RegionIdx, key: &[u8]) -> Option<NodeIdx> {
+        self.rings.owner(region, key)
+    }
+
+    /// Whether a peer is reachable.
+    pub fn is_reachable(&self, peer: NodeIdx) -> bool {
+        self.membership.is_reachable(peer)
+    }
+
+    /// Frames or states refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Every peer's status.
+    pub fn peers_status(&self, now: Millis) -> Vec<PeerStatus> {
+        self.peers()
+            .into_iter()
+            .map(|node| PeerStatus {
+                node,
+                reachable: self.membership.is_reachable(node),
+                last_heard_ms_ago: self
+                    .membership
+                    .last_heard(node)
+                    .map(|t| now.saturating_sub(t)),
+            })
+            .collect()
+    }
+
+    fn apply(&mut self, changes: Vec<Change>, now: Millis) {
+        if changes.is_empty() {
+            return;
+        }
+        let m = &self.membership;
+        self.rings = Rings::new(&self.cfg.replicas, |n| m.is_reachable(n));
+        for c in changes {
+            if let Change::Up(peer) = c {
+                // Heard again after a silence (or for the first time): compare everything now,
+                // so a healed partition converges within a few round trips.
+                self.out.push_back(Outgoing {
+                    to: peer,
+                    msg: Message::PullRequest,
+                });
+                self.last_sent[usize::from(peer.0)] = now;
+            }
+        }
+    }
+
+    /// A message from `from`.
+    pub fn handle_message(
+        &mut self,
+        from: NodeIdx,
+        msg: Message,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        if from == self.cfg.me || usize::from(from.0) >= self.cfg.replicas.len() {
+            self.refused += 1;
+            return;
+        }
+        if let Some(change) = self.membership.heard(from, now) {
+            self.apply(vec![change], now);
+        }
+        match msg {
+            Message::Hello(_) => {}
+            Message::Deltas(batch) => self.merge_batch(&batch, now, store),
+            Message::PullRequest => self.push_all(from, now, store, |_| true, true),
+            Message::PullChunk { batch, done } => {
+                self.merge_batch(&batch, now, store);
+                if done {
+                    self.synced = true;
+                }
+            }
+            Message::Digest(d) => {
+                let mine = digest(store, now, d.buckets);
+                let differ = differing(&mine, &d);
+                if !differ.is_empty() {
+                    let buckets = d.buckets;
+                    let wanted = differ.clone();
+                    self.push_all(
+                        from,
+                        now,
+                        store,
+                        move |id| differ.contains(&bucket_of(id, buckets)),
+                        false,
+                    );
+                    self.send(from, Message::BucketRequest { buckets, wanted }, now);
+                }
+            }
+            Message::BucketRequest { buckets, wanted } => {
+                if buckets > 0 && buckets <= 1 << 16 {
+                    self.push_all(
+                        from,
+                        now,
+                        store,
+                        move |id| wanted.contains(&bucket_of(id, buckets)),
+                        false,
+                    );
+                } else {
+                    self.refused += 1;
+                }
+            }
+            // Forwarded checks and rights requests are answered by the node, which owns the
+            // decision path; the state machine only needs to know the peer is alive.
+            Message::Forward { .. }
+            | Message::ForwardReply { .. }
+            | Message::RightsRequest { .. } => {}
+        }
+    }
+
+    fn merge_batch(&mut self, batch: &DeltaBatch, now: Millis, store: &mut dyn KeyStates) {
+        for k in &batch.keys {
+            if store.merge(&k.id, &k.state, now).is_err() {
+                self.refused += 1;
+            }
+        }
+    }
+
+    /// Sends every key for which `want` holds, in chunks; `pull` marks the last chunk done.
+    fn push_all(
+        &mut self,
+        to: NodeIdx,
+        now: Millis,
+        store: &mut dyn KeyStates,
+        want: impl Fn(&[u8]) -> bool,
+        pull: bool,
+    ) {
+        let mut chunk = Vec::new();
+        let mut chunks = Vec::new();
+        store.for_each(now, &mut |id, state, _| {
+            if want(id) {
+                chunk.push(WireKey {
+                    id: id.to_vec(),
+                    state: state.clone(),
+                });
+                if chunk.len() == MAX_KEYS_PER_MESSAGE {
+                    chunks.push(std::mem::take(&mut chunk));
+                }
+            }
+        });
+        if !chunk.is_empty() || chunks.is_empty() {
+            chunks.push(chunk);
+        }
+        let last = chunks.len() - 1;
+        for (i, keys) in chunks.into_iter().enumerate() {
+            let batch = DeltaBatch {
+                sent_at_ms: now,
+                keys,
+            };
+            let msg = if pull {
+                Message::PullChunk {
+                    batch,
+                    done: i == last,
+                }
+            } else {
+                Message::Deltas(batch)
+            };
+            self.send(to, msg, now);
+        }
+    }
+
+    /// One gossip interval.
+    pub fn handle_tick(&mut self, now: Millis, store: &mut dyn KeyStates) {
+        let changes = self.membership.refresh(now);
+        self.apply(changes, now);
+        if !self.synced
+            && now.saturating_sub(self.started) >= self.cfg.suspect_after
+            && !self.membership.any_peer_reachable()
+        {
+            // Nobody to pull from (the whole cluster is starting): start from what we have.
+            self.synced = true;
+        }
+        if self.synced && self.cfg.consistency == Consistency::Strict {
+            let view = self.view();
+            let rings = &self.rings;
+            let region = self.cfg.replicas.region_of(self.cfg.me);
+            let me = self.cfg.me;
+            store.rebalance(now, view, &|key| {
+                rings.owner(region, key_of(key)).unwrap_or(me)
+            });
+        }
+        // Deltas of every key changed since the last tick, to every peer.
+        let peers = self.peers();
+        loop {
+            let deltas = store.drain_deltas(MAX_KEYS_PER_MESSAGE);
+            if deltas.is_empty() {
+                break;
+            }
+            let full = deltas.len() == MAX_KEYS_PER_MESSAGE;
+            let keys: Vec<WireKey> = deltas
+                .into_iter()
+                .map(|(id, state)| WireKey { id, state })
+                .collect();
+            let batch = DeltaBatch {
+                sent_at_ms: now,
+                keys,
+            };
+            for &p in &peers {
+                self.send(p, Message::Deltas(batch.clone()), now);
+            }
+            if !full {
+                break;
+            }
+        }
+        // Heartbeats, so that silence means trouble.
+        let heartbeat = (self.cfg.suspect_after / 4).max(self.cfg.gossip_interval);
+        for &p in &peers {
+            if now.saturating_sub(self.last_sent[usize::from(p.0)]) >= heartbeat {
+                self.send(
+                    p,
+                    Message::Deltas(DeltaBatch {
+                        sent_at_ms: now,
+                        keys: vec![],
+                    }),
+                    now,
+                );
+            }
+        }
+        // Anti-entropy with one reachable peer, round robin.
+        if now >= self.next_anti_entropy {
+            self.next_anti_entropy = now + self.cfg.anti_entropy_interval;
+            let reachable: Vec<NodeIdx> = peers
+                .iter()
+                .copied()
+                .filter(|&p| self.membership.is_reachable(p))
+                .collect();
+            if !reachable.is_empty() {
+                let to = reachable[self.ae_cursor % reachable.len()];
+                self.ae_cursor = self.ae_cursor.wrapping_add(1);
+                let d = digest(store, now, DIGEST_BUCKETS);
+                self.send(to, Message::Digest(d), now);
+            }
+        }
+        self.sync_gen += 1;
+    }
+}
+
+/// The key part of a stored identity (`rule \0 bucket key`): owners are chosen by the key's
+/// own bytes, so every rule's state of one key lives on the same node.
+pub fn key_of(id: &[u8]) -> &[u8] {
+    match id.iter().position(|&b| b == 0) {
+        Some(z) if id.len() >= z + 2 => &id[z + 2..],
+        _ => id,
+    }
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn bucket_of(id: &[u8], buckets: u32) -> u32 {
+    (fnv(id) % u64::from(buckets.max(1))) as u32
+}
+
+/// Hashes of every key's state, per bucket (XOR, so order does not matter).
+fn digest(store: &dyn KeyStates, now: Millis, buckets: u32) -> Digest {
+    let mut hashes = vec![0u64; buckets as usize];
+    let mut used = vec![false; buckets as usize];
+    store.for_each(now, &mut |id, state, oldest| {
+        let b = bucket_of(id, buckets) as usize;
+        hashes[b] ^= fnv(id).rotate_left(17) ^ state.fingerprint(oldest);
+        used[b] = true;
+    });
+    Digest {
+        buckets,
+        hashes: hashes
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| used[*i])
+            .map(|(i, h)| (i as u32, h))
+            .collect(),
+    }
+}
+
+/// Buckets whose hashes differ (or that only one side has).
+fn differing(mine: &Digest, theirs: &Digest) -> Vec<u32> {
+    let mut out = Vec::new();
+    let lookup = |d: &Digest, b: u32| d.hashes.iter().find(|(x, _)| *x == b).map(|(_, h)| *h);
+    for &(b, h) in &mine.hashes {
+        if lookup(theirs, b) != Some(h) {
+            out.push(b);
+        }
+    }
+    for &(b, _) in &theirs.hashes {
+        if lookup(mine, b).is_none() {
+            out.push(b);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}

@@ -1,0 +1,201 @@
+//! Key states in a plain ordered map: the [`KeyStates`] of tests and of the deterministic
+//! simulator. It runs the same core code a node runs (decide, merge, rebalance, deltas).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use levee_core::{
+    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, RebalanceCtx, ReplicaSet,
+    Rule, RuleMode, Usage,
+};
+use levee_proto::{decode_id, encode_id};
+
+use crate::{KeyStates, Refused};
+
+/// Key states of one node, in memory.
+pub struct MemoryStates {
+    me: NodeIdx,
+    replicas: ReplicaSet,
+    rules: HashMap<String, Rule>,
+    keys: BTreeMap<Vec<u8>, KeyState>,
+    dirty: BTreeSet<Vec<u8>>,
+    active: BTreeSet<Vec<u8>>,
+    /// Rights in flight to one peer are capped at this fraction of a key's capacity.
+    pub max_in_flight_fraction: f64,
+}
+
+impl MemoryStates {
+    /// Empty states for node `me` with these rules (bound to `replicas` here).
+    pub fn new(me: NodeIdx, replicas: ReplicaSet, rules: Vec<Rule>) -> MemoryStates {
+        let rules = rules
+            .into_iter()
+            .map(|mut r| {
+                r.bind(&replicas);
+                (r.name.clone(), r)
+            })
+            .collect();
+        MemoryStates {
+            me,
+            replicas,
+            rules,
+            keys: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            active: BTreeSet::new(),
+            max_in_flight_fraction: 0.5,
+        }
+    }
+
+    /// Forgets every key (a crash that loses what was not synchronised).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.dirty.clear();
+        self.active.clear();
+    }
+
+    /// Decides one check of `rule` for `key`; `None` if the rule is unknown or the cost can
+    /// never be granted.
+    pub fn decide(
+        &mut self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Millis,
+        view: ClusterView,
+    ) -> Option<Decision> {
+        let rule = self.rules.get(rule)?;
+        let target = rule.target(None, cost).ok()?;
+        let mut id = Vec::new();
+        encode_id(&mut id, &rule.name, target.bucket, key);
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view,
+        };
+        let d = self.keys.entry(id.clone()).or_default().decide(
+            &target,
+            RuleMode::Enforce,
+            cost,
+            false,
+            &ctx,
+        );
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
+        Some(d)
+    }
+
+    /// A key's usage as this node sees it.
+    pub fn usage(&self, rule: &str, key: &str, now: Millis) -> Option<Usage> {
+        let rule = self.rules.get(rule)?;
+        let target = rule.target(None, 0).ok()?;
+        let mut id = Vec::new();
+        encode_id(&mut id, &rule.name, target.bucket, key);
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view: ClusterView::alone(),
+        };
+        Some(match self.keys.get(&id) {
+            Some(s) => s.usage(&target, &ctx),
+            None => KeyState::new().usage(&target, &ctx),
+        })
+    }
+
+    /// A key's replicated state, if held.
+    pub fn state(&self, rule: &str, key: &str) -> Option<&KeyCrdt> {
+        let mut id = Vec::new();
+        encode_id(&mut id, rule, None, key);
+        self.keys.get(&id).map(KeyState::crdt)
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    fn rule_of(&self, id: &[u8]) -> Option<&Rule> {
+        let (rule, _, _) = decode_id(id)?;
+        self.rules.get(rule)
+    }
+}
+
+impl KeyStates for MemoryStates {
+    fn drain_deltas(&mut self, max: usize) -> Vec<(Vec<u8>, KeyCrdt)> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(id) = self.dirty.pop_first() else {
+                break;
+            };
+            if let Some(delta) = self.keys.get_mut(&id).and_then(|s| s.take_delta(self.me)) {
+                out.push((id, delta));
+            }
+        }
+        out
+    }
+
+    fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused> {
+        let (rule_name, _, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
+        let rule = self
+            .rules
+            .get(rule_name)
+            .ok_or_else(|| Refused("unknown rule".into()))?;
+        let (_, bucket, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
+        let class = bucket
+            .and_then(|b| rule.classes.get(usize::from(b)))
+            .map(|c| c.name.as_str());
+        let target = rule.target(class, 0).map_err(|e| Refused(e.to_string()))?;
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view: ClusterView::alone(),
+        };
+        let key = self.keys.entry(id.to_vec()).or_default();
+        // `rule` borrows `self.rules`, a different field from `self.keys`.
+        key.merge(state, &target, &ctx)
+            .map_err(|e| Refused(e.to_string()))?;
+        self.active.insert(id.to_vec());
+        Ok(())
+    }
+
+    fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64)) {
+        for (id, state) in &self.keys {
+            let oldest = self.rule_of(id).map_or(0, |r| {
+                let e = r.algorithm.epoch(now);
+                e.saturating_sub(r.algorithm.retained_epochs() - 1)
+            });
+            f(id, state.crdt(), oldest);
+        }
+    }
+
+    fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
+        let active = std::mem::take(&mut self.active);
+        for id in active {
+            let Some(rule) = self.rules.get(decode_id(&id).map_or("", |d| d.0)) else {
+                continue;
+            };
+            let Ok(target) = rule.target(None, 0) else {
+                continue;
+            };
+            let Some(state) = self.keys.get_mut(&id) else {
+                continue;
+            };
+            let ctx = RebalanceCtx {
+                now,
+                me: self.me,
+                replicas: &self.replicas,
+                view,
+                owner: owner(&id),
+                max_in_flight: ((target.algorithm.capacity() as f64) * self.max_in_flight_fraction)
+                    .ceil() as u64,
+            };
+            state.rebalance(&target, &ctx);
+            self.dirty.insert(id);
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The protocol state machine on its own: nodes wired by an in-memory network that can lose,
+//! duplicate and cut links, driven tick by tick with a simulated clock.
+
+use std::collections::VecDeque;
+
+use levee_cluster::memory::MemoryStates;
+use levee_cluster::{Cluster, ClusterConfig};
+use levee_core::rule::AlgorithmName;
+use levee_core::{
+    Consistency, HumanDuration, NodeIdx, ReplicaSet, ReplicaSpec, RuleMode, RuleSpec,
+};
+use levee_proto::{Message, decode_frame, encode_frame};
+use proptest::prelude::*;
+
+const T0: u64 = 1_800_000_000_000;
+const TICK: u64 = 20;
+
+struct Net {
+    replicas: ReplicaSet,
+    nodes: Vec<(Cluster, MemoryStates)>,
+    /// (deliver at, from, to, frame bytes)
+    wire: VecDeque<(u64, usize, usize, Vec<u8>)>,
+    now: u64,
+    latency: u64,
+    cut: Vec<Vec<bool>>,
+    drop_every: Option<u64>,
+    sent: u64,
+}
+
+fn replicas(regions: &[&str], per_region: usize) -> ReplicaSet {
+    let weights: Vec<(String, u32)> = regions.iter().map(|r| ((*r).to_owned(), 1)).collect();
+    let nodes: Vec<ReplicaSpec> = regions
+        .iter()
+        .flat_map(|r| {
+            (1..=per_region).map(move |i| ReplicaSpec {
+                id: format!("{r}-{i}"),
+                region: (*r).into(),
+                weight: None,
+            })
+        })
+        .collect();
+    ReplicaSet::new(&weights, &nodes).unwrap()
+}
+
+fn window_rule(limit: u64) -> levee_core::Rule {
+    RuleSpec {
+        name: "r".into(),
+        algorithm: AlgorithmName::FixedWindow,
+        rate: None,
+        per: None,
+        burst: None,
+        limit: Some(limit),
+        window: Some(HumanDuration::from_millis(1_000)),
+        period: None,
+        mode: RuleMode::Enforce,
+        key_from: None,
+        class_method: None,
+        classes: vec![],
+    }
+    .validate()
+    .unwrap()
+}
+
+impl Net {
+    fn new(replicas: ReplicaSet, limit: u64, consistency: Consistency) -> Net {
+        let n = replicas.len();
+        let nodes = replicas
+            .nodes()
+            .map(|me| {
+                let cfg = ClusterConfig {
+                    me,
+                    replicas: replicas.clone(),
+                    consistency,
+                    gossip_interval: TICK,
+                    suspect_after: 300,
+                    anti_entropy_interval: 200,
+                };
+                (
+                    Cluster::new(cfg, T0),
+                    MemoryStates::new(me, replicas.clone(), vec![window_rule(limit)]),
+                )
+            })
+            .collect();
+        let mut net = Net {
+            replicas,
+            nodes,
+            wire: VecDeque::new(),
+            now: T0,
+            latency: 5,
+            cut: vec![vec![false; n]; n],
+            drop_every: None,
+            sent: 0,
+        };
+        net.flush();
+        net
+    }
+
+    /// Moves every queued message onto the wire, through the real codec.
+    fn flush(&mut self) {
+        for from in 0..self.nodes.len() {
+            while let Some(out) = self.nodes[from].0.poll_transmit() {
+                self.sent += 1;
+                let to = usize::from(out.to.0);
+                if self.cut[from][to] || self.drop_every.is_some_and(|k| self.sent % k == 0) {
+                    continue;
+                }
+                let frame = encode_frame(&out.msg).unwrap();
+                self.wire
+                    .push_back((self.now + self.latency, from, to, frame));
+            }
+        }
+    }
+
+    fn deliver_due(&mut self) {
+        while let Some(&(at, _, _, _)) = self.wire.front() {
+            if at > self.now {
+                break;
+            }
+            let (_, from, to, frame) = self.wire.pop_front().unwrap();
+            let msg: Message = decode_frame(&frame).unwrap();
+            let (cluster, store) = &mut self.nodes[to];
+            cluster.handle_message(NodeIdx(from as u16), msg, self.now, store);
+            self.flush();
+        }
+    }
+
+    fn run(&mut self, ms: u64) {
+        let end = self.now + ms;
+        while self.now < end {
+            self.now += 1;
+            self.deliver_due();
+            if (self.now - T0) % TICK == 0 {
+                for i in 0..self.nodes.len() {
+                    let (cluster, store) = &mut self.nodes[i];
+                    cluster.handle_tick(self.now, store);
+                }
+                self.flush();
+            }
+        }
+    }
+
+    fn decide(&mut self, node: usize, key: &str) -> bool {
+        let view = self.nodes[node].0.view();
+        self.nodes[node]
+            .1
+            .decide("r", key, 1, self.now, view)
+            .unwrap()
+            .allowed
+    }
+
+    fn isolate(&mut self, node: usize, cut: bool) {
+        for j in 0..self.nodes.len() {
+            self.cut[node][j] = cut;
+            self.cut[j][node] = cut;
+        }
+    }
+}
+
+#[test]
+fn a_new_cluster_syncs_and_every_node_sees_every_region() {
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 100, Consistency::Strict);
+    assert!(!net.nodes[0].0.is_synced());
+    net.run(100);
+    for (cluster, _) in &net.nodes {
+        assert!(cluster.is_synced());
+        assert!(cluster.view().unreachable.is_empty());
+        assert!(!cluster.view().degraded());
+    }
+}
+
+#[test]
+fn deltas_make_every_view_of_a_key_agree() {
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 1_000, Consistency::Strict);
+    net.run(100);
+    for i in 0..30 {
+        net.decide(i % 6, "acme");
+    }
+    net.run(3 * TICK + 10);
+    let first = net.nodes[0].1.state("r", "acme").cloned();
+    for (_, store) in &net.nodes[1..] {
+        assert_eq!(store.state("r", "acme").cloned(), first);
+    }
+    let used = net.nodes[3].1.usage("r", "acme", net.now).unwrap().used;
+    assert_eq!(used, 30);
+}
+
+#[test]
+fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
+    let mut net = Net::new(replicas(&["eu"], 3), 100, Consistency::Strict);
+    net.run(100);
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| net.nodes[0].0.owner(k.as_bytes()) == NodeIdx(1))
+        .unwrap();
+    net.isolate(1, true);
+    net.run(400);
+    assert!(!net.nodes[0].0.is_reachable(NodeIdx(1)));
+    let moved = net.nodes[0].0.owner(key.as_bytes());
+    assert_ne!(moved, NodeIdx(1));
+    assert_eq!(
+        net.nodes[2].0.owner(key.as_bytes()),
+        moved,
+        "both survivors agree"
+    );
+    net.isolate(1, false);
+    net.run(200);
+    assert_eq!(net.nodes[0].0.owner(key.as_bytes()), NodeIdx(1));
+}
+
+#[test]
+fn a_cut_off_region_is_unreachable_and_views_agree_after_the_heal() {
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), 300, Consistency::Strict);
+    net.run(100);
+    net.isolate(2, true);
+    net.run(400);
+    let view = net.nodes[0].0.view();
+    assert!(
+        view.unreachable
+            .contains(net.replicas.region_of(NodeIdx(2)))
+    );
+    assert!(view.degraded());
+    // Both sides keep deciding during the partition.
+    for _ in 0..20 {
+        net.decide(0, "acme");
+        net.decide(2, "acme");
+    }
+    net.run(100);
+    net.isolate(2, false);
+    // Within a few round trips of the heal every view agrees.
+    net.run(300 + 2 * TICK);
+    let a = net.nodes[0].1.state("r", "acme").cloned();
+    assert_eq!(net.nodes[1].1.state("r", "acme").cloned(), a);
+    assert_eq!(net.nodes[2].1.state("r", "acme").cloned(), a);
+}
+
+#[test]
+fn anti_entropy_repairs_deltas_that_were_lost() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
+    net.run(100);
+    net.isolate(1, true);
+    for _ in 0..10 {
+        net.decide(0, "quiet");
+    }
+    // Node 0's deltas for the key are lost; the key then goes quiet.
+    net.run(3 * TICK);
+    net.cut[0][1] = false;
+    net.cut[1][0] = false;
+    net.run(600);
+    assert_eq!(
+        net.nodes[1].1.usage("r", "quiet", net.now).unwrap().used,
+        10
+    );
+}
+
+#[test]
+fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
+    net.run(100);
+    for _ in 0..40 {
+        net.decide(0, "acme");
+    }
+    net.run(2 * TICK);
+    // Node 0 crashes and restarts with nothing.
+    let me = NodeIdx(0);
+    let cfg = ClusterConfig {
+        me,
+        replicas: net.replicas.clone(),
+        consistency: Consistency::Strict,
+        gossip_interval: TICK,
+        suspect_after: 300,
+        anti_entropy_interval: 200,
+    };
+    net.nodes[0].0 = Cluster::new(cfg, net.now);
+    net.nodes[0].1.clear();
+    assert!(net.nodes[0].0.view().recovering);
+    assert!(
+        !net.decide(0, "acme"),
+        "a recovering strict node spends nothing"
+    );
+    net.flush();
+    net.run(50);
+    assert!(net.nodes[0].0.is_synced());
+    assert_eq!(net.nodes[0].1.usage("r", "acme", net.now).unwrap().used, 40);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn strict_mode_never_exceeds_the_limit_with_lossy_links_and_partitions(
+        limit in 10u64..200,
+        drop_every in 2u64..9,
+        plan in prop::collection::vec((0usize..6, 0u8..4), 20..80),
+    ) {
+        let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), limit, Consistency::Strict);
+        net.drop_every = Some(drop_every);
+        net.run(100);
+        let mut admitted = std::collections::BTreeMap::<u64, u64>::new();
+        for (node, action) in plan {
+            match action {
+                0 => net.isolate(node, true),
+                1 => net.isolate(node, false),
+                _ => {
+                    for _ in 0..limit / 4 + 1 {
+                        if net.decide(node, "hot") {
+                            *admitted.entry(net.now / 1_000).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            net.run(37);
+        }
+        for (window, n) in admitted {
+            prop_assert!(n <= limit, "window {window}: admitted {n} > {limit}");
+        }
+    }
+}
+
+#[test]
+fn skewed_demand_gets_nearly_the_whole_limit_every_window_from_the_third_on() {
+    // Three regions, demand 90/5/5 at twice the limit, spread evenly over each window.
+    let limit = 1_000u64;
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), limit, Consistency::Strict);
+    net.latency = 50; // 100 ms round trip
+    net.run(1_000 - (net.now % 1_000));
+    let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+    let demand = [1_800u64, 100, 100];
+    for _ in 0..8_000 {
+        let ms = net.now % 1_000;
+        for (node, d) in demand.iter().enumerate() {
+            // This millisecond's share of the node's demand for the window.
+            let due = d * (ms + 1) / 1_000 - d * ms / 1_000;
+            for _ in 0..due {
+                if net.decide(node, "hot") {
+                    *per_window.entry(net.now / 1_000).or_default() += 1;
+                }
+            }
+        }
+        net.run(1);
+    }
+    let windows: Vec<u64> = per_window.values().copied().collect();
+    assert!(windows.iter().all(|&w| w <= limit), "{windows:?}");
+    for (i, &w) in windows.iter().enumerate().skip(2) {
+        assert!(
+            w * 100 >= limit * 97,
+            "window {i}: {w} of {limit} admitted ({windows:?})"
+        );
+    }
+}
