@@ -1,0 +1,58 @@
+//! Every metric the transport emits, in one place.
+//!
+//! Label values are bounded: `peer` is a node id that was either configured or proven by a
+//! certificate of the cluster CA (or `unknown` before a peer has identified itself), `kind`
+//! comes from [`levee_proto::DecodeError::kind`] (plus `stalled`), `reason` and `direction`
+//! are fixed strings.
+
+use metrics::counter;
+
+/// Label value for a peer that has not identified itself yet.
+pub(crate) const UNKNOWN_PEER: &str = "unknown";
+
+/// A frame was written to a stream for `peer`.
+pub(crate) fn frame_sent(peer: &str, bytes: usize) {
+    counter!("levee_transport_frames_sent_total", "peer" => peer.to_owned()).increment(1);
+    counter!("levee_transport_bytes_sent_total", "peer" => peer.to_owned()).increment(bytes as u64);
+}
+
+/// A frame from `peer` was read and decoded.
+pub(crate) fn frame_received(peer: &str, bytes: usize) {
+    counter!("levee_transport_frames_received_total", "peer" => peer.to_owned()).increment(1);
+    counter!("levee_transport_bytes_received_total", "peer" => peer.to_owned())
+        .increment(bytes as u64);
+}
+
+/// A frame from `peer` was refused before anything was delivered.
+pub(crate) fn frame_refused(peer: &str, kind: &'static str) {
+    counter!("levee_frames_refused_total", "kind" => kind, "peer" => peer.to_owned()).increment(1);
+}
+
+/// A frame for `peer` was dropped without being sent (`reason`: `unreachable`, `queue_full`,
+/// `unknown_peer`, `stream`, `encode`, `shutdown`).
+pub(crate) fn frame_dropped(peer: &str, reason: &'static str) {
+    counter!("levee_transport_frames_dropped_total", "peer" => peer.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+/// A connection was closed during the `Hello` exchange (`reason`: `replica_digest`,
+/// `identity`, `protocol`).
+pub(crate) fn hello_refused(reason: &'static str) {
+    counter!("levee_transport_hello_refused_total", "reason" => reason).increment(1);
+}
+
+/// A connection to `peer` could not be established.
+pub(crate) fn connect_failed(peer: &str) {
+    counter!("levee_transport_connect_failures_total", "peer" => peer.to_owned()).increment(1);
+}
+
+/// An incoming connection failed its TLS handshake (no or untrusted certificate, wrong ALPN).
+pub(crate) fn handshake_refused() {
+    counter!("levee_transport_handshakes_refused_total").increment(1);
+}
+
+/// A connection to or from `peer` completed its `Hello` exchange (`direction`: `inbound`,
+/// `outbound`).
+pub(crate) fn connection_established(peer: &str, direction: &'static str) {
+    counter!("levee_transport_connections_total", "peer" => peer.to_owned(), "direction" => direction).increment(1);
+}

@@ -1,0 +1,533 @@
+//! Real QUIC on 127.0.0.1: what reaches a node, and what never does.
+//!
+//! Each test runs on a current-thread runtime with a thread-local metrics recorder, so the
+//! counters it reads are its own nodes' alone.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use levee_core::NodeIdx;
+use levee_core::crdt::Tally;
+use levee_proto::{
+    DeltaBatch, ForwardCheck, ForwardDecision, HEADER_BYTES, Hello, KeyState, MAX_FRAME_BYTES,
+    Message, VERSION, encode_frame,
+};
+use levee_transport::certs::{init_ca, issue};
+use levee_transport::{Inbound, PeerAddr, TlsFiles, Transport, TransportConfig, TransportError};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::sync::mpsc::Receiver;
+use tokio::time::timeout;
+
+/// Every test body must finish within this.
+const TEST_BOUND: Duration = Duration::from_secs(30);
+/// How long a node is watched to see that nothing reaches it.
+const QUIET_WAIT: Duration = Duration::from_millis(750);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const DIGEST: u64 = 0x1e7ee;
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A cluster CA with certificates for `nodes`, in one directory.
+fn pki(dir: &Path, nodes: &[&str]) {
+    init_ca(dir).unwrap();
+    for node in nodes {
+        issue(dir, node, dir).unwrap();
+    }
+}
+
+fn config(id: &str, tls: TlsFiles, digest: u64, peers: Vec<PeerAddr>) -> TransportConfig {
+    TransportConfig {
+        bind: localhost(),
+        node_id: id.to_owned(),
+        tls,
+        peers,
+        hello: Hello {
+            node: id.to_owned(),
+            replica_digest: digest,
+            incarnation: 1,
+        },
+    }
+}
+
+async fn start(
+    id: &str,
+    tls: TlsFiles,
+    digest: u64,
+    peers: Vec<PeerAddr>,
+) -> (Transport, Receiver<Inbound>) {
+    Transport::start(config(id, tls, digest, peers))
+        .await
+        .unwrap()
+}
+
+fn peer(id: &str, transport: &Transport) -> PeerAddr {
+    PeerAddr {
+        id: id.to_owned(),
+        addr: transport.local_addr(),
+    }
+}
+
+fn deltas() -> Message {
+    let mut state = levee_core::KeyCrdt::default();
+    *state.slot_mut(1_700_000_000).tallies.entry(NodeIdx(1)) = Tally {
+        consumed: 5,
+        refunded: 1,
+        requested: 9,
+    };
+    Message::Deltas(DeltaBatch {
+        sent_at_ms: 1_700_000_000_123,
+        keys: vec![KeyState {
+            id: b"api\0acme".to_vec(),
+            state,
+        }],
+    })
+}
+
+/// The next message that is not a connection's `Hello`.
+async fn next_data(rx: &mut Receiver<Inbound>) -> Inbound {
+    loop {
+        let inbound = rx.recv().await.expect("inbound channel open");
+        if !matches!(inbound.msg, Message::Hello(_)) {
+            return inbound;
+        }
+    }
+}
+
+/// Asserts that nothing at all (not even a `Hello`) reaches `rx` for [`QUIET_WAIT`].
+async fn assert_nothing_delivered(rx: &mut Receiver<Inbound>) {
+    if let Ok(Some(inbound)) = timeout(QUIET_WAIT, rx.recv()).await {
+        panic!(
+            "expected nothing, got {:?} from {:?}",
+            inbound.msg, inbound.peer
+        );
+    }
+}
+
+/// The counters the transports of one test emitted, summed over every snapshot taken (a
+/// snapshot of the debugging recorder drains its counters).
+struct Counters {
+    snapshotter: Snapshotter,
+    /// `(name, labels, total)`.
+    totals: Vec<(String, Labels, u64)>,
+}
+
+type Labels = Vec<(String, String)>;
+
+impl Counters {
+    fn new(recorder: &DebuggingRecorder) -> Counters {
+        Counters {
+            snapshotter: recorder.snapshotter(),
+            totals: Vec::new(),
+        }
+    }
+
+    fn get(&mut self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let DebugValue::Counter(n) = value else {
+                continue;
+            };
+            let key = key.key();
+            let key_labels: Labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            match self
+                .totals
+                .iter_mut()
+                .find(|(k, l, _)| k == key.name() && *l == key_labels)
+            {
+                Some((.., total)) => *total += n,
+                None => self.totals.push((key.name().to_owned(), key_labels, n)),
+            }
+        }
+        self.totals
+            .iter()
+            .filter(|(k, l, _)| {
+                k == name
+                    && labels
+                        .iter()
+                        .all(|(lk, lv)| l.iter().any(|(k, v)| k == lk && v == lv))
+            })
+            .map(|(.., n)| n)
+            .sum()
+    }
+
+    /// Waits (within the test's bound) until a counter reaches `at_least`.
+    async fn reach(&mut self, name: &str, labels: &[(&str, &str)], at_least: u64) {
+        while self.get(name, labels) < at_least {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn deltas_are_sent_and_requests_answered_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        let (b, mut b_rx) = start("b", TlsFiles::in_dir(dir.path(), "b"), DIGEST, vec![]).await;
+        let (a, mut a_rx) = start(
+            "a",
+            TlsFiles::in_dir(dir.path(), "a"),
+            DIGEST,
+            vec![peer("b", &b)],
+        )
+        .await;
+
+        a.send("b", &deltas());
+        let got = next_data(&mut b_rx).await;
+        assert_eq!(got.peer, "a");
+        assert_eq!(got.msg, deltas());
+        assert!(got.reply.is_none());
+
+        let forward = Message::Forward {
+            id: 7,
+            checks: vec![ForwardCheck {
+                rule: "api".into(),
+                key: "acme".into(),
+                cost: 1,
+                class: None,
+                dry_run: false,
+            }],
+        };
+        let answer = Message::ForwardReply {
+            id: 7,
+            decisions: vec![Some(ForwardDecision {
+                allowed: true,
+                would_allow: true,
+                limit: 10,
+                remaining: 9,
+                reset_after_ms: 100,
+                retry_after_ms: 0,
+                degraded: false,
+            })],
+        };
+        let expected = answer.clone();
+        let owner = tokio::spawn(async move {
+            let req = next_data(&mut b_rx).await;
+            assert_eq!(req.peer, "a");
+            assert!(matches!(req.msg, Message::Forward { id: 7, .. }));
+            req.reply
+                .expect("a request carries a reply channel")
+                .send(answer)
+                .unwrap();
+            // The second request is dropped unanswered.
+            let req = next_data(&mut b_rx).await;
+            drop(req.reply);
+            b_rx
+        });
+        assert_eq!(
+            a.request("b", &forward, REQUEST_TIMEOUT).await.unwrap(),
+            expected
+        );
+        let unanswered = a.request("b", &Message::PullRequest, REQUEST_TIMEOUT).await;
+        assert!(
+            matches!(unanswered, Err(TransportError::Stream { .. })),
+            "{unanswered:?}"
+        );
+        owner.await.unwrap();
+
+        // Nothing reached `a` but the Hello of the connection it dialled.
+        let hello = a_rx.recv().await.unwrap();
+        assert!(
+            matches!(hello.msg, Message::Hello(Hello { ref node, .. }) if node == "b"),
+            "{hello:?}"
+        );
+        assert!(a_rx.try_recv().is_err());
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_node_certified_by_another_ca_can_neither_connect_nor_be_connected_to() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let cluster = tempfile::tempdir().unwrap();
+    pki(cluster.path(), &["a"]);
+    let evil = tempfile::tempdir().unwrap();
+    pki(evil.path(), &["r"]);
+    // The rogue trusts the real cluster CA, so only the honest side's checks can stop it.
+    let rogue_tls = TlsFiles {
+        ca: cluster.path().join("ca.pem"),
+        ..TlsFiles::in_dir(evil.path(), "r")
+    };
+
+    timeout(TEST_BOUND, async {
+        let (target, mut target_rx) = start("r", rogue_tls.clone(), DIGEST, vec![]).await;
+        let (a, mut a_rx) = start(
+            "a",
+            TlsFiles::in_dir(cluster.path(), "a"),
+            DIGEST,
+            vec![peer("r", &target)],
+        )
+        .await;
+        let (rogue, mut rogue_rx) = start("r", rogue_tls, DIGEST, vec![peer("a", &a)]).await;
+
+        // The rogue dials the honest node: the honest server refuses its certificate.
+        rogue.send("a", &deltas());
+        let dialled = rogue.request("a", &deltas(), REQUEST_TIMEOUT).await;
+        assert!(dialled.is_err(), "{dialled:?}");
+        counters
+            .reach("levee_transport_handshakes_refused_total", &[], 1)
+            .await;
+        assert_nothing_delivered(&mut a_rx).await;
+
+        // The honest node dials the rogue: its client refuses the rogue's certificate.
+        a.send("r", &deltas());
+        let dialled = a.request("r", &deltas(), REQUEST_TIMEOUT).await;
+        assert!(
+            matches!(dialled, Err(TransportError::Unreachable { .. })),
+            "{dialled:?}"
+        );
+        counters
+            .reach(
+                "levee_transport_connect_failures_total",
+                &[("peer", "r")],
+                1,
+            )
+            .await;
+        assert_nothing_delivered(&mut target_rx).await;
+        assert_nothing_delivered(&mut a_rx).await;
+        assert_nothing_delivered(&mut rogue_rx).await;
+
+        for t in [a, target, rogue] {
+            t.shutdown().await;
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn refused_frames_are_counted_and_the_peer_stays_up() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "c"]);
+    timeout(TEST_BOUND, async {
+        let (a, mut a_rx) = start("a", TlsFiles::in_dir(dir.path(), "a"), DIGEST, vec![]).await;
+
+        // A properly authenticated client that writes raw bytes.
+        let mut endpoint = quinn::Endpoint::client(localhost()).unwrap();
+        endpoint.set_default_client_config(
+            levee_transport::tls::client_config(&TlsFiles::in_dir(dir.path(), "c")).unwrap(),
+        );
+        let conn = endpoint
+            .connect(a.local_addr(), "a")
+            .unwrap()
+            .await
+            .unwrap();
+        let write_uni = |bytes: Vec<u8>| {
+            let conn = conn.clone();
+            async move {
+                let mut stream = conn.open_uni().await.unwrap();
+                stream.write_all(&bytes).await.unwrap();
+                stream.finish().unwrap();
+            }
+        };
+        let hello = Message::Hello(Hello {
+            node: "c".into(),
+            replica_digest: DIGEST,
+            incarnation: 1,
+        });
+        write_uni(encode_frame(&hello).unwrap()).await;
+        let got = a_rx.recv().await.unwrap();
+        assert_eq!((got.peer.as_str(), got.msg), ("c", hello));
+
+        // Valid header, payload that is no message.
+        let mut corrupted = vec![VERSION];
+        corrupted.extend_from_slice(&4u32.to_le_bytes());
+        corrupted.extend_from_slice(&[0xff; 4]);
+        write_uni(corrupted).await;
+        // A header announcing more than the limit, and nothing after it.
+        let mut oversized = vec![VERSION];
+        oversized.extend_from_slice(&(MAX_FRAME_BYTES as u32 + 1).to_le_bytes());
+        write_uni(oversized).await;
+        // A valid frame of another protocol version.
+        let mut other_version = encode_frame(&deltas()).unwrap();
+        other_version[0] = VERSION + 1;
+        write_uni(other_version).await;
+        // A header promising more than the stream holds.
+        let mut truncated = encode_frame(&deltas()).unwrap();
+        truncated.truncate(HEADER_BYTES + 3);
+        write_uni(truncated).await;
+
+        for kind in ["corrupted", "size", "version", "truncated"] {
+            counters
+                .reach(
+                    "levee_frames_refused_total",
+                    &[("kind", kind), ("peer", "c")],
+                    1,
+                )
+                .await;
+        }
+
+        // The connection and the peer are still up: a valid frame arrives.
+        write_uni(encode_frame(&deltas()).unwrap()).await;
+        let got = next_data(&mut a_rx).await;
+        assert_eq!((got.peer.as_str(), got.msg), ("c", deltas()));
+        assert!(conn.close_reason().is_none());
+        for kind in ["corrupted", "size", "version", "truncated"] {
+            assert_eq!(
+                counters.get("levee_frames_refused_total", &[("kind", kind)]),
+                1,
+                "{kind}"
+            );
+        }
+
+        conn.close(0u32.into(), b"done");
+        endpoint.wait_idle().await;
+        a.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_peer_with_another_replica_list_is_refused() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        let (a, mut a_rx) = start("a", TlsFiles::in_dir(dir.path(), "a"), DIGEST, vec![]).await;
+        let (b, mut b_rx) = start(
+            "b",
+            TlsFiles::in_dir(dir.path(), "b"),
+            DIGEST + 1,
+            vec![peer("a", &a)],
+        )
+        .await;
+
+        b.send("a", &deltas());
+        let dialled = b.request("a", &deltas(), REQUEST_TIMEOUT).await;
+        assert!(dialled.is_err(), "{dialled:?}");
+        counters
+            .reach(
+                "levee_transport_hello_refused_total",
+                &[("reason", "replica_digest")],
+                1,
+            )
+            .await;
+        assert_nothing_delivered(&mut a_rx).await;
+        assert_nothing_delivered(&mut b_rx).await;
+
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_hello_naming_another_node_than_the_certificate_is_refused() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b", "c"]);
+    timeout(TEST_BOUND, async {
+        let (a, mut a_rx) = start("a", TlsFiles::in_dir(dir.path(), "a"), DIGEST, vec![]).await;
+
+        // `c` holds a cluster certificate but claims to be `b`.
+        let mut endpoint = quinn::Endpoint::client(localhost()).unwrap();
+        endpoint.set_default_client_config(
+            levee_transport::tls::client_config(&TlsFiles::in_dir(dir.path(), "c")).unwrap(),
+        );
+        let conn = endpoint
+            .connect(a.local_addr(), "a")
+            .unwrap()
+            .await
+            .unwrap();
+        for msg in [
+            Message::Hello(Hello {
+                node: "b".into(),
+                replica_digest: DIGEST,
+                incarnation: 1,
+            }),
+            deltas(),
+        ] {
+            let mut stream = conn.open_uni().await.unwrap();
+            stream
+                .write_all(&encode_frame(&msg).unwrap())
+                .await
+                .unwrap();
+            stream.finish().unwrap();
+        }
+        counters
+            .reach(
+                "levee_transport_hello_refused_total",
+                &[("reason", "identity")],
+                1,
+            )
+            .await;
+        let closed = conn.closed().await;
+        assert!(
+            matches!(closed, quinn::ConnectionError::ApplicationClosed(_)),
+            "{closed:?}"
+        );
+        assert_nothing_delivered(&mut a_rx).await;
+
+        endpoint.wait_idle().await;
+        a.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_dead_peer_makes_sends_drop_and_requests_fail_without_blocking() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        let (b, _b_rx) = start("b", TlsFiles::in_dir(dir.path(), "b"), DIGEST, vec![]).await;
+        let b_addr = peer("b", &b);
+        b.shutdown().await;
+        drop(b);
+        let (a, _a_rx) = start("a", TlsFiles::in_dir(dir.path(), "a"), DIGEST, vec![b_addr]).await;
+
+        for _ in 0..3 {
+            a.send("b", &deltas());
+        }
+        counters
+            .reach(
+                "levee_transport_frames_dropped_total",
+                &[("peer", "b"), ("reason", "unreachable")],
+                3,
+            )
+            .await;
+        let dialled = a.request("b", &Message::PullRequest, REQUEST_TIMEOUT).await;
+        assert!(
+            matches!(
+                dialled,
+                Err(TransportError::Unreachable { .. } | TransportError::Timeout { .. })
+            ),
+            "{dialled:?}"
+        );
+        assert!(matches!(
+            a.request("nobody", &Message::PullRequest, REQUEST_TIMEOUT)
+                .await,
+            Err(TransportError::UnknownPeer(_))
+        ));
+        a.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
