@@ -388,6 +388,11 @@ impl KeyState {
         Ok(changed)
     }
 
+    /// Whether this node wrote entries that [`KeyState::take_delta`] has not returned yet.
+    pub fn has_delta(&self) -> bool {
+        self.dirty.any()
+    }
+
     /// The entries this node wrote since the last call, as absolute values: its tallies in
     /// every retained epoch, its rows of the transfer matrices, its registers. `None` when
     /// nothing changed.

@@ -10,7 +10,11 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
 use crate::config::{Config, ConfigError};
-use crate::limiter::{ApiError, Clock, Limiter};
+use crate::limiter::{ApiError, CheckRequest, Clock, Limiter, Outcome};
+use crate::replication::Replication;
+use levee_core::{Decision, RuleMode};
+use levee_proto::{ForwardCheck, ForwardDecision};
+use std::sync::OnceLock;
 
 /// Everything the HTTP handlers and background tasks share.
 pub struct App {
@@ -24,6 +28,8 @@ pub struct App {
     pub shutting_down: AtomicBool,
     /// The Prometheus exposition.
     pub prometheus: &'static PrometheusHandle,
+    /// The cluster side, when the node runs in a cluster.
+    pub replication: OnceLock<Arc<Replication>>,
 }
 
 /// `/v1/cluster` for a node.
@@ -88,6 +94,7 @@ impl App {
             ready: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             prometheus,
+            replication: OnceLock::new(),
         }
     }
 
@@ -178,6 +185,8 @@ impl App {
             region: config.node.region.clone(),
             http: config.node.http.to_string(),
         };
+        let view = self.limiter.view();
+        let replicas = &rules.replicas;
         let regions = match &config.cluster {
             None => vec![RegionStatus {
                 name: config.node.region.clone(),
@@ -190,17 +199,140 @@ impl App {
                 .map(|(name, w)| RegionStatus {
                     name: name.clone(),
                     weight: *w,
-                    reachable: true,
+                    reachable: replicas
+                        .region_by_name(name)
+                        .is_none_or(|r| !view.unreachable.contains(r)),
                 })
                 .collect(),
+        };
+        let peers = match (self.replication.get(), &config.cluster) {
+            (Some(repl), Some(c)) => repl
+                .peers(self.limiter.clock.now_ms())
+                .into_iter()
+                .map(|p| {
+                    let id = repl.id_of(p.node).to_owned();
+                    let addr = c
+                        .nodes
+                        .iter()
+                        .find(|n| n.id == id)
+                        .map(|n| n.addr.to_string())
+                        .unwrap_or_default();
+                    PeerStatus {
+                        region: replicas.region_name(replicas.region_of(p.node)).to_owned(),
+                        id,
+                        addr,
+                        reachable: p.reachable,
+                        last_heard_ms: p.last_heard_ms_ago,
+                    }
+                })
+                .collect(),
+            _ => Vec::new(),
         };
         ClusterStatus {
             node,
             mode: rules.consistency.as_str(),
-            degraded: false,
-            peers: Vec::new(),
+            degraded: view.degraded(),
+            peers,
             regions,
         }
+    }
+
+    /// Decides a check where it belongs: here if this node owns the key (or runs alone),
+    /// else at the owner in this region; alone, under this node's conservative cap, if the
+    /// owner is unreachable or does not answer in time.
+    pub async fn check(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+        let Some(repl) = self.replication.get() else {
+            return self.limiter.check(req);
+        };
+        let owner = repl.owner(&req.key);
+        if owner == repl.me() {
+            return self.limiter.check(req);
+        }
+        self.limiter.validate(req)?;
+        if repl.is_reachable(owner)
+            && let Some(d) = repl.forward(owner, forward_check(req, false)).await
+        {
+            return self
+                .limiter
+                .outcome_of(req, decision_of(d, &self.limiter, req));
+        }
+        self.limiter.check_with(req, true)
+    }
+
+    /// Decides several checks, each on its own, in order, each where it belongs. Every check
+    /// is validated before any is decided.
+    pub async fn batch(&self, checks: &[CheckRequest]) -> Result<Vec<Outcome>, ApiError> {
+        if self.replication.get().is_none() {
+            return self.limiter.batch(checks);
+        }
+        for (i, c) in checks.iter().enumerate() {
+            self.limiter.validate(c).map_err(|e| ApiError {
+                message: format!("checks[{i}].{}", e.message),
+                ..e
+            })?;
+        }
+        let mut out = Vec::with_capacity(checks.len());
+        for c in checks {
+            out.push(self.check(c).await?);
+        }
+        Ok(out)
+    }
+
+    /// Gives tokens back where the key's consumption is counted (its owner).
+    pub async fn refund(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+        let Some(repl) = self.replication.get() else {
+            return self
+                .limiter
+                .refund(&req.rule, &req.key, req.cost, req.class.as_deref());
+        };
+        let owner = repl.owner(&req.key);
+        if owner != repl.me() {
+            self.limiter.validate(req)?;
+            if repl.is_reachable(owner)
+                && let Some(d) = repl.forward(owner, forward_check(req, true)).await
+            {
+                return self
+                    .limiter
+                    .outcome_of(req, decision_of(d, &self.limiter, req));
+            }
+        }
+        self.limiter.refund_with(
+            &req.rule,
+            &req.key,
+            req.cost,
+            req.class.as_deref(),
+            owner != repl.me(),
+        )
+    }
+
+    /// Decides a check forwarded by a region-mate, as the key's owner. `None` if it cannot be
+    /// decided here (the forwarder then decides alone).
+    pub fn decide_forwarded(&self, c: &ForwardCheck) -> Option<ForwardDecision> {
+        let req = CheckRequest {
+            rule: c.rule.clone(),
+            key: c.key.clone(),
+            cost: c.cost,
+            class: c.class.clone(),
+            idempotency_key: c.idempotency_key.clone(),
+            dry_run: c.dry_run,
+        };
+        let out = if c.refund {
+            self.limiter
+                .refund(&req.rule, &req.key, req.cost, req.class.as_deref())
+        } else {
+            self.limiter.check(&req)
+        }
+        .ok()?;
+        let d = out.decision;
+        Some(ForwardDecision {
+            allowed: d.allowed,
+            would_allow: d.would_allow,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_ms: d.reset_after_ms,
+            retry_after_ms: d.retry_after_ms,
+            degraded: d.degraded,
+        })
     }
 
     /// Marks the node ready (or not).
@@ -210,6 +342,36 @@ impl App {
 }
 
 /// Which changed setting a reload cannot apply (addresses, identity, cluster membership).
+fn forward_check(req: &CheckRequest, refund: bool) -> ForwardCheck {
+    ForwardCheck {
+        rule: req.rule.clone(),
+        key: req.key.clone(),
+        cost: req.cost,
+        class: req.class.clone(),
+        dry_run: req.dry_run,
+        idempotency_key: req.idempotency_key.clone(),
+        refund,
+    }
+}
+
+fn decision_of(d: ForwardDecision, limiter: &Limiter, req: &CheckRequest) -> Decision {
+    let mode = limiter
+        .rules()
+        .by_name
+        .get(&req.rule)
+        .map_or(RuleMode::Enforce, |e| e.rule.mode);
+    Decision {
+        allowed: d.allowed,
+        would_allow: d.would_allow,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_ms: d.reset_after_ms,
+        retry_after_ms: d.retry_after_ms,
+        mode,
+        degraded: d.degraded,
+    }
+}
+
 fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     if old.node.http != new.node.http {
         return Some("node.http");

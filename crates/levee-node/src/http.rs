@@ -323,7 +323,7 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
         idempotency_key: body.idempotency_key,
         dry_run: body.dry_run,
     };
-    let out = app.limiter.check(&req)?;
+    let out = app.check(&req).await?;
     let mut resp = json_response(StatusCode::OK, &DecisionJson::from(&out));
     rate_limit_headers(resp.headers_mut(), &out);
     Ok(resp)
@@ -404,7 +404,7 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
                 dry_run: c.dry_run,
             });
         }
-        let outs = app.limiter.batch(&checks)?;
+        let outs = app.batch(&checks).await?;
         Ok(json_response(
             StatusCode::OK,
             &BatchJson {
@@ -434,9 +434,15 @@ async fn refund(State(app): State<Arc<App>>, req: Request) -> Response {
     let result: Result<Response, ApiError> = async {
         let body: RefundBody = json_body(&app, req).await?;
         let cost = cost_of(body.cost, "cost")?;
-        let out = app
-            .limiter
-            .refund(&body.rule, &body.key, cost, body.class.as_deref())?;
+        let req = CheckRequest {
+            rule: body.rule,
+            key: body.key,
+            cost,
+            class: body.class,
+            idempotency_key: None,
+            dry_run: false,
+        };
+        let out = app.refund(&req).await?;
         let mut resp = json_response(StatusCode::OK, &DecisionJson::from(&out));
         rate_limit_headers(resp.headers_mut(), &out);
         Ok(resp)
@@ -460,8 +466,9 @@ async fn authz(
     headers: HeaderMap,
 ) -> Response {
     let started = Instant::now();
-    let resp =
-        authz_inner(&app, &rule, q, peer, &headers).unwrap_or_else(IntoResponse::into_response);
+    let resp = authz_inner(&app, &rule, q, peer, &headers)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
     app.limiter
         .metrics()
         .check_duration
@@ -470,7 +477,7 @@ async fn authz(
     resp
 }
 
-fn authz_inner(
+async fn authz_inner(
     app: &App,
     rule: &str,
     q: AuthzQuery,
@@ -525,14 +532,16 @@ fn authz_inner(
         .get("x-ratelimit-class")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let out = app.limiter.check(&CheckRequest {
-        rule: rule.to_owned(),
-        key,
-        cost,
-        class,
-        idempotency_key: None,
-        dry_run: false,
-    })?;
+    let out = app
+        .check(&CheckRequest {
+            rule: rule.to_owned(),
+            key,
+            cost,
+            class,
+            idempotency_key: None,
+            dry_run: false,
+        })
+        .await?;
     let mut resp = if out.decision.allowed {
         Response::new(Body::empty())
     } else {

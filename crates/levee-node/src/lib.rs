@@ -10,9 +10,12 @@ pub mod app;
 pub mod config;
 pub mod http;
 pub mod limiter;
+pub mod local_cluster;
 pub mod metrics;
+pub mod replication;
 pub mod server;
 pub mod snapshot;
+pub mod states;
 pub mod store;
 
 pub use app::App;

@@ -305,12 +305,56 @@ impl Limiter {
     }
 
     fn ctx<'a>(&self, rules: &'a RuleSet, now: u64) -> DecideCtx<'a> {
+        self.ctx_alone(rules, now, false)
+    }
+
+    fn ctx_alone<'a>(&self, rules: &'a RuleSet, now: u64, acting_alone: bool) -> DecideCtx<'a> {
+        let mut view = **self.view.load();
+        view.acting_alone = acting_alone;
         DecideCtx {
             now,
             me: rules.me,
             replicas: &rules.replicas,
-            view: **self.view.load(),
+            view,
         }
+    }
+
+    /// The cluster as decisions should see it (set by the replication after every event).
+    pub fn set_view(&self, view: ClusterView) {
+        self.view.store(Arc::new(view));
+    }
+
+    /// The cluster view decisions use now.
+    pub fn view(&self) -> ClusterView {
+        **self.view.load()
+    }
+
+    /// Checks a request as [`Limiter::check`] would, without deciding it.
+    pub fn validate(&self, req: &CheckRequest) -> Result<(), ApiError> {
+        let rules = self.rules.load();
+        self.resolve(
+            &rules,
+            "",
+            &req.rule,
+            &req.key,
+            req.class.as_deref(),
+            req.cost,
+        )
+        .map(|_| ())
+    }
+
+    /// The outcome of a decision made elsewhere (by the key's owner).
+    pub fn outcome_of(&self, req: &CheckRequest, decision: Decision) -> Result<Outcome, ApiError> {
+        let rules = self.rules.load();
+        let r = self.resolve(
+            &rules,
+            "",
+            &req.rule,
+            &req.key,
+            req.class.as_deref(),
+            req.cost,
+        )?;
+        Ok(self.outcome(&r, &req.rule, &req.key, decision))
     }
 
     fn resolve<'a>(
@@ -339,6 +383,12 @@ impl Limiter {
 
     /// Decides one check.
     pub fn check(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+        self.check_with(req, false)
+    }
+
+    /// Decides one check; `acting_alone` when this node is not the key's owner and decides
+    /// because the owner is unreachable (under its own conservative cap).
+    pub fn check_with(&self, req: &CheckRequest, acting_alone: bool) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
         let r = self.resolve(
             &rules,
@@ -348,7 +398,7 @@ impl Limiter {
             req.class.as_deref(),
             req.cost,
         )?;
-        let decision = self.decide_resolved(&rules, &r, req, "")?;
+        let decision = self.decide_resolved(&rules, &r, req, "", acting_alone)?;
         Ok(self.outcome(&r, &req.rule, &req.key, decision))
     }
 
@@ -360,9 +410,10 @@ impl Limiter {
         r: &Resolved<'_>,
         req: &CheckRequest,
         field: &str,
+        acting_alone: bool,
     ) -> Result<Decision, ApiError> {
         let decide = || {
-            let ctx = self.ctx(rules, self.clock.now_ms());
+            let ctx = self.ctx_alone(rules, self.clock.now_ms(), acting_alone);
             let d = self.store.with(&r.id, |s| {
                 s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, &ctx)
             });
@@ -406,7 +457,7 @@ impl Limiter {
         }
         let mut out = Vec::with_capacity(checks.len());
         for (i, (c, r)) in checks.iter().zip(&resolved).enumerate() {
-            let d = self.decide_resolved(&rules, r, c, &format!("checks[{i}]."))?;
+            let d = self.decide_resolved(&rules, r, c, &format!("checks[{i}]."), false)?;
             out.push(self.outcome(r, &c.rule, &c.key, d));
         }
         Ok(out)
@@ -450,15 +501,20 @@ impl Limiter {
             let mut guards: Vec<(usize, MutexGuard<'_, Slot>)> =
                 order.iter().map(|&i| (i, slots[i].lock())).collect();
             guards.sort_by_key(|(i, _)| *i);
-            let mut checks: Vec<(&mut KeyState, Target<'_>, RuleMode)> = guards
-                .iter_mut()
-                .zip(&resolved)
-                .map(|((_, g), r)| {
-                    g.hits = g.hits.saturating_add(1);
-                    (&mut g.state, r.target, r.entry.rule.mode)
-                })
-                .collect();
-            let all = decide_all(&mut checks, cost, dry_run, &ctx);
+            let all = {
+                let mut checks: Vec<(&mut KeyState, Target<'_>, RuleMode)> = guards
+                    .iter_mut()
+                    .zip(&resolved)
+                    .map(|((_, g), r)| {
+                        g.hits = g.hits.saturating_add(1);
+                        (&mut g.state, r.target, r.entry.rule.mode)
+                    })
+                    .collect();
+                decide_all(&mut checks, cost, dry_run, &ctx)
+            };
+            for ((_, g), r) in guards.iter_mut().zip(&resolved) {
+                self.store.note(&r.id, g);
+            }
             for (d, r) in all.results.iter().zip(&resolved) {
                 self.record(&r.entry.metrics, d, dry_run);
             }
@@ -517,9 +573,21 @@ impl Limiter {
         cost: u64,
         class: Option<&str>,
     ) -> Result<Outcome, ApiError> {
+        self.refund_with(rule, key, cost, class, false)
+    }
+
+    /// Gives tokens back; `acting_alone` as in [`Limiter::check_with`].
+    pub fn refund_with(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        class: Option<&str>,
+        acting_alone: bool,
+    ) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
         let r = self.resolve(&rules, "", rule, key, class, cost)?;
-        let ctx = self.ctx(&rules, self.clock.now_ms());
+        let ctx = self.ctx_alone(&rules, self.clock.now_ms(), acting_alone);
         let d = self.store.with(&r.id, |s| s.refund(&r.target, cost, &ctx));
         Ok(self.outcome(&r, rule, key, d))
     }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::app::App;
 use crate::config::Config;
 use crate::limiter::Clock;
+use crate::replication::{self, Replication};
 use crate::{http, snapshot};
 
 /// How a node is started.
@@ -45,6 +46,9 @@ pub enum ServeError {
     /// The server failed.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    /// The cluster side could not start.
+    #[error("cluster: {0}")]
+    Replication(#[from] crate::replication::ReplicationError),
 }
 
 /// Runs a node until SIGTERM or Ctrl-C. `on_ready` is called with the bound HTTP address.
@@ -56,11 +60,6 @@ pub async fn run(
         Some(p) => Config::load(p)?,
         None => Config::embedded(),
     };
-    if config.cluster.is_some() {
-        tracing::warn!(
-            "[cluster] is configured but this build runs a single node; peers are not contacted"
-        );
-    }
     let prometheus = crate::metrics::install();
     let addr = config.node.http;
     let data_dir = config.node.data_dir.clone();
@@ -100,7 +99,44 @@ pub async fn run(
         ));
     }
 
-    app.set_ready(true);
+    let replication = match app
+        .config
+        .load()
+        .cluster
+        .as_ref()
+        .map(|c| c.gossip_interval.as_millis())
+    {
+        None => {
+            app.set_ready(true);
+            None
+        }
+        Some(gossip_ms) => {
+            // Ready once the cluster's state has been pulled (see replication::run_ticks);
+            // until then decisions are made under conservative caps.
+            let config = app.config.load_full();
+            let (repl, inbound) = Replication::start(&config, app.limiter.clock.now_ms()).await?;
+            app.limiter.store().track_changes();
+            // Recovering until it has pulled its peers' state.
+            app.limiter.set_view(levee_core::ClusterView {
+                recovering: true,
+                ..app.limiter.view()
+            });
+            let _ = app.replication.set(Arc::clone(&repl));
+            tokio::spawn(replication::run_inbound(
+                Arc::clone(&app),
+                Arc::clone(&repl),
+                inbound,
+            ));
+            tokio::spawn(replication::run_ticks(
+                Arc::clone(&app),
+                Arc::clone(&repl),
+                Duration::from_millis(gossip_ms),
+                stop_rx.clone(),
+            ));
+            tracing::info!(gossip = ?config.node.gossip, peers = config.replicas.len() - 1, "cluster transport started");
+            Some(repl)
+        }
+    };
     on_ready(&app.config.load(), bound);
     tracing::info!(http = %bound, node = %node_id, "levee is serving");
 
@@ -128,6 +164,9 @@ pub async fn run(
 
     if let Some(dir) = &data_dir {
         write_snapshot(&app, &node_id, dir);
+    }
+    if let Some(repl) = replication {
+        repl.shutdown().await;
     }
     tracing::info!("levee stopped");
     Ok(())

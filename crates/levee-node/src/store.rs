@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use levee_core::KeyState;
@@ -34,6 +34,8 @@ pub struct Slot {
     pub state: KeyState,
     /// Uses since the eviction clock last looked at this key (saturating).
     pub hits: u8,
+    /// Whether the key is in the store's list of changed keys.
+    pub queued: bool,
 }
 
 /// A shared handle to one key's slot.
@@ -45,6 +47,9 @@ pub struct Store {
     clock: Mutex<VecDeque<KeyId>>,
     max_keys: usize,
     evictions: AtomicU64,
+    /// Keys used or changed since the replication last drained them (cluster mode only).
+    changed: Mutex<Vec<KeyId>>,
+    tracking: AtomicBool,
 }
 
 impl Store {
@@ -55,6 +60,8 @@ impl Store {
             clock: Mutex::new(VecDeque::new()),
             max_keys,
             evictions: AtomicU64::new(0),
+            changed: Mutex::new(Vec::new()),
+            tracking: AtomicBool::new(false),
         }
     }
 
@@ -79,12 +86,42 @@ impl Store {
         if let Some(slot) = self.map.get(id) {
             let mut s = slot.lock();
             s.hits = s.hits.saturating_add(1);
-            return f(&mut s.state);
+            let r = f(&mut s.state);
+            self.note(id, &mut s);
+            return r;
         }
         let slot = self.slot(id);
         let mut s = slot.lock();
         s.hits = s.hits.saturating_add(1);
-        f(&mut s.state)
+        let r = f(&mut s.state);
+        self.note(id, &mut s);
+        r
+    }
+
+    /// Starts listing the keys that are used or changed, for replication to drain.
+    pub fn track_changes(&self) {
+        self.tracking.store(true, Ordering::Release);
+    }
+
+    /// Lists a key as changed (once until drained), when tracking.
+    #[inline]
+    pub fn note(&self, id: &[u8], slot: &mut Slot) {
+        if !slot.queued && self.tracking.load(Ordering::Relaxed) {
+            slot.queued = true;
+            self.changed.lock().push(id.into());
+        }
+    }
+
+    /// Takes the list of keys used or changed since the last call.
+    pub fn take_changed(&self) -> Vec<KeyId> {
+        std::mem::take(&mut *self.changed.lock())
+    }
+
+    /// Runs `f` on a key's slot (creating the key if needed), without counting a use.
+    pub fn with_slot<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> R {
+        let slot = self.slot(id);
+        let mut s = slot.lock();
+        f(&mut s)
     }
 
     /// Runs `f` on the key's state if the key exists.
@@ -122,7 +159,11 @@ impl Store {
         if self.map.len() >= self.max_keys && !self.map.contains_key(&id) {
             self.evict(1);
         }
-        let fresh = Arc::new(Mutex::new(Slot { state, hits: 1 }));
+        let fresh = Arc::new(Mutex::new(Slot {
+            state,
+            hits: 1,
+            queued: false,
+        }));
         if self.map.insert(id.clone(), fresh).is_none() {
             self.clock.lock().push_back(id);
         }

@@ -99,6 +99,10 @@ pub struct ForwardCheck {
     pub class: Option<String>,
     /// Decide without consuming.
     pub dry_run: bool,
+    /// A retry identity: the owner answers a repeat from its idempotency cache.
+    pub idempotency_key: Option<String>,
+    /// Give `cost` tokens back instead of taking them.
+    pub refund: bool,
 }
 
 /// The owner's answer to one forwarded check.
@@ -371,6 +375,8 @@ mod tests {
                     cost: 2,
                     class: None,
                     dry_run: false,
+                    idempotency_key: Some("retry-1".into()),
+                    refund: false,
                 }],
             },
         ] {

@@ -191,6 +191,8 @@ async fn deltas_are_sent_and_requests_answered_over_mutual_tls() {
                 cost: 1,
                 class: None,
                 dry_run: false,
+                idempotency_key: None,
+                refund: false,
             }],
         };
         let answer = Message::ForwardReply {

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod check;
+mod cluster;
 
 /// Levee, a multi-region distributed rate limiter.
 #[derive(Parser)]
@@ -39,6 +40,35 @@ enum Command {
     },
     /// Ask a node for one decision and print it.
     Check(check::CheckArgs),
+    /// Run a local multi-region cluster of real `levee serve` processes.
+    Cluster(cluster::ClusterArgs),
+    /// Make the cluster CA and node certificates for mutual TLS.
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Make a cluster CA (ca.pem, ca.key) in DIR.
+    Init {
+        /// Where to write the CA.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Issue a node certificate (<node>.pem, <node>.key) signed by the CA in --ca.
+    Issue {
+        /// The directory holding ca.pem and ca.key.
+        #[arg(long)]
+        ca: PathBuf,
+        /// The node id (the certificate's name).
+        #[arg(long)]
+        node: String,
+        /// Where to write the certificate and key.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -97,6 +127,35 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => check::run(&args),
+        Command::Cluster(args) => cluster::run(&args),
+        Command::Certs { command } => {
+            let result = match &command {
+                CertsCommand::Init { out } => levee_transport::certs::init_ca(out).map(|()| {
+                    format!(
+                        "cluster CA written to {}/ca.pem (key: ca.key)",
+                        out.display()
+                    )
+                }),
+                CertsCommand::Issue { ca, node, out } => {
+                    levee_transport::certs::issue(ca, node, out).map(|()| {
+                        format!(
+                            "certificate for {node} written to {}/{node}.pem (key: {node}.key)",
+                            out.display()
+                        )
+                    })
+                }
+            };
+            match result {
+                Ok(msg) => {
+                    println!("{msg}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 
