@@ -237,6 +237,14 @@ impl App {
         }
     }
 
+    /// The id of the node that owns `key` in this node's region (this node when alone).
+    pub fn owner_of(&self, key: &str) -> String {
+        match self.replication.get() {
+            Some(repl) => repl.id_of(repl.owner(key)).to_owned(),
+            None => self.config.load().node.id.clone(),
+        }
+    }
+
     /// Decides a check where it belongs: here if this node owns the key (or runs alone),
     /// else at the owner in this region; alone, under this node's conservative cap, if the
     /// owner is unreachable or does not answer in time.

@@ -600,7 +600,10 @@ async fn usage(
         remaining: u64,
         reset_after_ms: u64,
         regions: serde_json::Map<String, serde_json::Value>,
+        /// The key's owner in this node's region (extension: operators and tests use it).
+        owner: String,
     }
+    let owner = app.owner_of(&key);
     let resp = match app.limiter.usage(&rule, &key, q.class.as_deref()) {
         Ok(u) => {
             let regions = u
@@ -619,6 +622,7 @@ async fn usage(
                     remaining: u.usage.remaining,
                     reset_after_ms: u.usage.reset_after_ms,
                     regions,
+                    owner,
                 },
             )
         }
