@@ -5,10 +5,7 @@ use std::collections::VecDeque;
 
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig};
-use levee_core::rule::AlgorithmName;
-use levee_core::{
-    Consistency, HumanDuration, NodeIdx, ReplicaSet, ReplicaSpec, RuleMode, RuleSpec,
-};
+use levee_core::{Consistency, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{Message, decode_frame, encode_frame};
 use proptest::prelude::*;
 
@@ -43,22 +40,9 @@ fn replicas(regions: &[&str], per_region: usize) -> ReplicaSet {
 }
 
 fn window_rule(limit: u64) -> levee_core::Rule {
-    RuleSpec {
-        name: "r".into(),
-        algorithm: AlgorithmName::FixedWindow,
-        rate: None,
-        per: None,
-        burst: None,
-        limit: Some(limit),
-        window: Some(HumanDuration::from_millis(1_000)),
-        period: None,
-        mode: RuleMode::Enforce,
-        key_from: None,
-        class_method: None,
-        classes: vec![],
-    }
-    .validate()
-    .unwrap()
+    RuleSpec::fixed_window("r", limit, 1_000)
+        .validate()
+        .unwrap()
 }
 
 impl Net {

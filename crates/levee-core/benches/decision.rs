@@ -39,8 +39,8 @@ use governor::clock::FakeRelativeClock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use levee_core::rule::AlgorithmName;
 use levee_core::{
-    ClusterView, DecideCtx, Decision, HumanDuration, KeyState, Millis, NodeIdx, ReplicaSet,
-    ReplicaSpec, Rule, RuleMode, RuleSpec, Target,
+    ClusterView, DecideCtx, Decision, KeyState, Millis, NodeIdx, ReplicaSet, ReplicaSpec, Rule,
+    RuleMode, RuleSpec, Target,
 };
 
 /// Distinct keys in every benchmark.
@@ -218,33 +218,9 @@ impl Cluster {
 
 /// A rule of `algorithm` at [`LIMIT`] per second, bound to `replicas`.
 fn rule(algorithm: AlgorithmName, replicas: &ReplicaSet) -> Rule {
-    let second = Some(HumanDuration::from_millis(1_000));
-    let base = RuleSpec {
-        name: "bench".into(),
-        algorithm,
-        rate: None,
-        per: None,
-        burst: None,
-        limit: None,
-        window: None,
-        period: None,
-        mode: RuleMode::Enforce,
-        key_from: None,
-        class_method: None,
-        classes: vec![],
-    };
     let spec = match algorithm {
-        AlgorithmName::TokenBucket => RuleSpec {
-            rate: Some(LIMIT),
-            per: second,
-            burst: Some(LIMIT),
-            ..base
-        },
-        _ => RuleSpec {
-            limit: Some(LIMIT),
-            window: second,
-            ..base
-        },
+        AlgorithmName::TokenBucket => RuleSpec::token_bucket("bench", LIMIT, 1_000, LIMIT),
+        _ => RuleSpec::fixed_window("bench", LIMIT, 1_000),
     };
     let mut rule = spec.validate().expect("a valid rule");
     rule.bind(replicas);

@@ -15,16 +15,9 @@
 //! * [`decision`]: what a decision says and the context it is made in.
 //!
 //! ```
-//! use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, RuleMode, RuleSpec};
+//! use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, RuleSpec};
 //!
-//! let spec: RuleSpec = RuleSpec {
-//!     name: "api".into(),
-//!     algorithm: levee_core::rule::AlgorithmName::FixedWindow,
-//!     limit: Some(2),
-//!     window: Some("1s".parse().unwrap()),
-//!     rate: None, per: None, burst: None, period: None,
-//!     mode: RuleMode::Enforce, key_from: None, class_method: None, classes: vec![],
-//! };
+//! let spec = RuleSpec::fixed_window("api", 2, 1_000);
 //! let mut rule = spec.validate().unwrap();
 //! let replicas = ReplicaSet::single("n1", "eu");
 //! rule.bind(&replicas);

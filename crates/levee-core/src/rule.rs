@@ -355,6 +355,63 @@ pub enum CheckError {
     },
 }
 
+impl RuleSpec {
+    /// A rule of `algorithm` named `name` with no figures yet (enforced, no classes).
+    pub fn new(name: &str, algorithm: AlgorithmName) -> RuleSpec {
+        RuleSpec {
+            name: name.to_owned(),
+            algorithm,
+            rate: None,
+            per: None,
+            burst: None,
+            limit: None,
+            window: None,
+            period: None,
+            mode: RuleMode::Enforce,
+            key_from: None,
+            class_method: None,
+            classes: Vec::new(),
+        }
+    }
+
+    /// A token bucket: `rate` tokens per `per_ms`, capacity `burst`.
+    pub fn token_bucket(name: &str, rate: u64, per_ms: Millis, burst: u64) -> RuleSpec {
+        RuleSpec {
+            rate: Some(rate),
+            per: Some(HumanDuration::from_millis(per_ms)),
+            burst: Some(burst),
+            ..RuleSpec::new(name, AlgorithmName::TokenBucket)
+        }
+    }
+
+    /// A fixed window: `limit` per `window_ms`.
+    pub fn fixed_window(name: &str, limit: u64, window_ms: Millis) -> RuleSpec {
+        RuleSpec {
+            limit: Some(limit),
+            window: Some(HumanDuration::from_millis(window_ms)),
+            ..RuleSpec::new(name, AlgorithmName::FixedWindow)
+        }
+    }
+
+    /// A sliding window: `limit` per `window_ms`.
+    pub fn sliding_window(name: &str, limit: u64, window_ms: Millis) -> RuleSpec {
+        RuleSpec {
+            limit: Some(limit),
+            window: Some(HumanDuration::from_millis(window_ms)),
+            ..RuleSpec::new(name, AlgorithmName::SlidingWindow)
+        }
+    }
+
+    /// A quota: `limit` per calendar `period`.
+    pub fn quota(name: &str, limit: u64, period: CalendarPeriod) -> RuleSpec {
+        RuleSpec {
+            limit: Some(limit),
+            period: Some(period),
+            ..RuleSpec::new(name, AlgorithmName::Quota)
+        }
+    }
+}
+
 impl CheckError {
     /// The request field the error is about (`cost` or `class`).
     pub fn field(&self) -> &'static str {

@@ -3,8 +3,8 @@
 
 use levee_core::rule::AlgorithmName;
 use levee_core::{
-    ClusterView, Consistency, DecideCtx, HumanDuration, KeyCrdt, KeyState, NodeIdx, RegionIdx,
-    RegionMask, ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
+    ClusterView, Consistency, DecideCtx, KeyCrdt, KeyState, NodeIdx, RegionIdx, RegionMask,
+    ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
 };
 
 const T0: u64 = 1_800_000_000_000; // aligned to the minute
@@ -27,34 +27,11 @@ fn three_regions() -> ReplicaSet {
 }
 
 fn rule(algorithm: AlgorithmName, amount: u64, replicas: &ReplicaSet) -> Rule {
-    let minute = Some(HumanDuration::from_millis(60_000));
-    let base = RuleSpec {
-        name: "r".into(),
-        algorithm,
-        rate: None,
-        per: None,
-        burst: None,
-        limit: None,
-        window: None,
-        period: None,
-        mode: RuleMode::Enforce,
-        key_from: None,
-        class_method: None,
-        classes: vec![],
-    };
     let spec = match algorithm {
         // A bucket that refills very slowly, so the test measures the burst.
-        AlgorithmName::TokenBucket => RuleSpec {
-            rate: Some(1),
-            per: Some(HumanDuration::from_millis(86_400_000)),
-            burst: Some(amount),
-            ..base
-        },
-        _ => RuleSpec {
-            limit: Some(amount),
-            window: minute,
-            ..base
-        },
+        AlgorithmName::TokenBucket => RuleSpec::token_bucket("r", 1, 86_400_000, amount),
+        AlgorithmName::SlidingWindow => RuleSpec::sliding_window("r", amount, 60_000),
+        _ => RuleSpec::fixed_window("r", amount, 60_000),
     };
     let mut rule = spec.validate().unwrap();
     rule.bind(replicas);

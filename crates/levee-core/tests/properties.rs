@@ -11,8 +11,8 @@
 use levee_core::crdt::{BucketReg, DemandReg, EpochSlot, Tally};
 use levee_core::rule::AlgorithmName;
 use levee_core::{
-    ClusterView, Consistency, DecideCtx, HumanDuration, KeyCrdt, KeyState, Lattice, NodeIdx,
-    RebalanceCtx, RegionMask, ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
+    ClusterView, Consistency, DecideCtx, KeyCrdt, KeyState, Lattice, NodeIdx, RebalanceCtx,
+    RegionMask, ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
 };
 use proptest::prelude::*;
 
@@ -120,33 +120,10 @@ fn replicas(regions: usize, per_region: &[usize]) -> ReplicaSet {
 }
 
 fn rule(algorithm: AlgorithmName, limit: u64) -> RuleSpec {
-    let w = Some(HumanDuration::from_millis(WINDOW_MS));
-    let base = RuleSpec {
-        name: "r".into(),
-        algorithm,
-        rate: None,
-        per: None,
-        burst: None,
-        limit: None,
-        window: None,
-        period: None,
-        mode: RuleMode::Enforce,
-        key_from: None,
-        class_method: None,
-        classes: vec![],
-    };
     match algorithm {
-        AlgorithmName::TokenBucket => RuleSpec {
-            rate: Some(limit / 2),
-            per: w,
-            burst: Some(limit),
-            ..base
-        },
-        _ => RuleSpec {
-            limit: Some(limit),
-            window: w,
-            ..base
-        },
+        AlgorithmName::TokenBucket => RuleSpec::token_bucket("r", limit / 2, WINDOW_MS, limit),
+        AlgorithmName::SlidingWindow => RuleSpec::sliding_window("r", limit, WINDOW_MS),
+        _ => RuleSpec::fixed_window("r", limit, WINDOW_MS),
     }
 }
 

@@ -44,54 +44,20 @@ const T0: u64 = 1_700_000_000_000;
 
 // ---- rules ----------------------------------------------------------------------------------
 
-fn base_spec(name: &str, algorithm: AlgorithmName) -> RuleSpec {
-    RuleSpec {
-        name: name.into(),
-        algorithm,
-        rate: None,
-        per: None,
-        burst: None,
-        limit: None,
-        window: None,
-        period: None,
-        mode: RuleMode::Enforce,
-        key_from: None,
-        class_method: None,
-        classes: vec![],
-    }
-}
-
 fn fixed_window(limit: u64, window_ms: u64) -> RuleSpec {
-    RuleSpec {
-        limit: Some(limit),
-        window: Some(HumanDuration::from_millis(window_ms)),
-        ..base_spec("fixed", AlgorithmName::FixedWindow)
-    }
+    RuleSpec::fixed_window("fixed", limit, window_ms)
 }
 
 fn sliding_window(limit: u64, window_ms: u64) -> RuleSpec {
-    RuleSpec {
-        limit: Some(limit),
-        window: Some(HumanDuration::from_millis(window_ms)),
-        ..base_spec("sliding", AlgorithmName::SlidingWindow)
-    }
+    RuleSpec::sliding_window("sliding", limit, window_ms)
 }
 
 fn token_bucket(rate: u64, per_ms: u64, burst: u64) -> RuleSpec {
-    RuleSpec {
-        rate: Some(rate),
-        per: Some(HumanDuration::from_millis(per_ms)),
-        burst: Some(burst),
-        ..base_spec("bucket", AlgorithmName::TokenBucket)
-    }
+    RuleSpec::token_bucket("bucket", rate, per_ms, burst)
 }
 
 fn quota(limit: u64, period: CalendarPeriod) -> RuleSpec {
-    RuleSpec {
-        limit: Some(limit),
-        period: Some(period),
-        ..base_spec("quota", AlgorithmName::Quota)
-    }
+    RuleSpec::quota("quota", limit, period)
 }
 
 fn named(name: &str, spec: RuleSpec) -> RuleSpec {
