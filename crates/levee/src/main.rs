@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench;
 mod check;
 mod cluster;
 
@@ -40,6 +41,9 @@ enum Command {
     },
     /// Ask a node for one decision and print it.
     Check(check::CheckArgs),
+    /// Open-loop HTTP load against a node, with latency percentiles (coordinated omission
+    /// corrected).
+    Bench(bench::BenchArgs),
     /// Run a local multi-region cluster of real `levee serve` processes.
     Cluster(cluster::ClusterArgs),
     /// Make the cluster CA and node certificates for mutual TLS.
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
         },
         Command::Check(args) => check::run(&args),
         Command::Cluster(args) => cluster::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Certs { command } => {
             let result = match &command {
                 CertsCommand::Init { out } => levee_transport::certs::init_ca(out).map(|()| {
