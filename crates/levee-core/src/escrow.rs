@@ -25,6 +25,10 @@ use crate::rule::{Algorithm, Target};
 use crate::state::{KeyState, NANO, holdings, sub_bucket_level};
 use crate::time::Millis;
 
+/// How far ahead a node reserves rights for its own forecast demand. Windows shorter than
+/// this are covered whole; in longer ones rights keep flowing toward demand as it comes.
+pub const HORIZON_MS: Millis = 5_000;
+
 /// Extra demand a node keeps for itself above its forecast, in percent.
 const MARGIN_PERCENT: u64 = 10;
 
@@ -237,7 +241,10 @@ impl KeyState {
                     .slot(epoch)
                     .and_then(|s| s.tallies.get(node))
                     .map_or(0, |t| t.net());
-                let rest = (u128::from(forecast) * u128::from(remaining_ms))
+                // Demand is forecast over at most the horizon: rights can still move later,
+                // and a long window (a day's quota) must not keep a burst's rate for hours.
+                let ahead = remaining_ms.min(HORIZON_MS);
+                let rest = (u128::from(forecast) * u128::from(ahead))
                     .div_ceil(u128::from(len_ms.max(1))) as u64;
                 used + with_margin(rest)
             }
@@ -255,7 +262,9 @@ impl KeyState {
                 let weighted = (u128::from(net(e)) * w
                     + u128::from(net(e.wrapping_sub(1))) * (w - u128::from(el)))
                 .div_ceil(w) as u64;
-                weighted.max(with_margin(forecast))
+                let ahead = (u128::from(forecast) * u128::from(window_ms.min(HORIZON_MS)))
+                    .div_ceil(w) as u64;
+                weighted.max(with_margin(ahead))
             }
             (Scope::Continuous, Algorithm::TokenBucket { rate, burst, .. }) => {
                 // Units whose refill covers the forecast demand per refill period.

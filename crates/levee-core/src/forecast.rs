@@ -2,11 +2,13 @@
 //!
 //! Donors in strict mode give away what they do not expect to need. A short memory gives
 //! rights away at every dip of noisy demand and starves small regions; so the forecast keeps a
-//! long memory (a time constant of half an epoch) and a detector for real shifts: when a short
+//! long memory (a time constant of half an epoch, at most 10 s) and a detector for real shifts: when a short
 //! average stays far from the long one for several samples in a row, the long one jumps to it.
 
 use crate::time::Millis;
 
+/// The longest memory of the forecast, in ms.
+const MAX_LONG_MEMORY_MS: f64 = 10_000.0;
 /// How many samples in a row the short average must disagree before the forecast follows it.
 const SHIFT_SAMPLES: u8 = 3;
 /// How far (as a factor) the short average must be from the long one to count as a shift.
@@ -49,8 +51,10 @@ impl Forecast {
         }
         let epoch = epoch_ms.max(1) as f64;
         let alpha = |tau: f64| 1.0 - (-dt / tau).exp();
-        self.long += alpha(epoch / 2.0) * (rate - self.long);
-        self.short += alpha(epoch / 16.0) * (rate - self.short);
+        // Half a window of memory, but never more than the rebalancing horizon needs: a day's
+        // quota must not remember a morning burst until the evening.
+        self.long += alpha((epoch / 2.0).min(MAX_LONG_MEMORY_MS)) * (rate - self.long);
+        self.short += alpha((epoch / 16.0).min(MAX_LONG_MEMORY_MS / 8.0)) * (rate - self.short);
         let far =
             self.short > self.long * SHIFT_FACTOR + 1e-12 || self.short * SHIFT_FACTOR < self.long;
         if far {

@@ -239,12 +239,30 @@ fn a_recovering_node_spends_nothing_in_strict_mode_and_only_its_share_in_optimis
     let replicas = three_regions();
     let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
     let target = rule.target(None, 1).unwrap();
-    let strict = ClusterView { recovering: true, ..ClusterView::alone() };
-    let ctx = DecideCtx { now: T0, me: NodeIdx(0), replicas: &replicas, view: strict };
+    let strict = ClusterView {
+        recovering: true,
+        ..ClusterView::alone()
+    };
+    let ctx = DecideCtx {
+        now: T0,
+        me: NodeIdx(0),
+        replicas: &replicas,
+        view: strict,
+    };
     let mut key = KeyState::new();
     let d = key.decide(&target, RuleMode::Enforce, 1, false, &ctx);
     assert!(!d.allowed && d.degraded && d.retry_after_ms > 0, "{d:?}");
-    let optimistic = ClusterView { recovering: true, ..view(RegionMask::EMPTY, 0) };
-    let ctx = DecideCtx { view: optimistic, ..ctx };
-    assert_eq!(admit_all(&mut key, &rule, &ctx), 100, "every other region counts as having spent its share");
+    let optimistic = ClusterView {
+        recovering: true,
+        ..view(RegionMask::EMPTY, 0)
+    };
+    let ctx = DecideCtx {
+        view: optimistic,
+        ..ctx
+    };
+    assert_eq!(
+        admit_all(&mut key, &rule, &ctx),
+        100,
+        "every other region counts as having spent its share"
+    );
 }

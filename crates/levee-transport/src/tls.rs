@@ -162,6 +162,9 @@ pub(crate) fn certificate_names(cert: &CertificateDer<'_>, node_id: &str) -> Res
     rustls::client::verify_server_name(&parsed, &name).map_err(|e| e.to_string())
 }
 
+/// The round-trip time assumed before one is measured.
+pub const INITIAL_RTT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Levee's QUIC transport parameters, the same for both sides of a connection.
 pub fn transport_parameters() -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
@@ -172,6 +175,11 @@ pub fn transport_parameters() -> quinn::TransportConfig {
     t.max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_CONCURRENT_STREAMS));
     t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(MAX_CONCURRENT_STREAMS));
     t.receive_window(quinn::VarInt::from_u32(CONNECTION_RECEIVE_WINDOW));
+    // Before the first round trip is measured, assume a short one: a handshake whose first
+    // packet was lost (the peer's socket was not bound yet) is retried within ~150 ms
+    // instead of ~1 s, which would otherwise outlast `suspect_after` and make a freshly
+    // started peer flap unreachable. Once measured, the real RTT takes over.
+    t.initial_rtt(INITIAL_RTT);
     t
 }
 

@@ -1,0 +1,1829 @@
+//! Multi-region clusters of real `levee serve` processes on loopback, talking real QUIC with
+//! mutual TLS: three regions (`eu`, `us`, `ap`) of two nodes each, laid out with
+//! `LocalCluster::write` the way `levee cluster` does. The tests overload a key from every
+//! node, skew demand 90/5/5 over the regions, `kill -9` a key's owner, cut a region off with
+//! SIGSTOP and heal it with SIGCONT, start an impostor whose certificate comes from another CA,
+//! and feed a node malformed, oversized and wrong-version frames.
+//!
+//! The tests of this file run one at a time (a process-wide lock held by the cluster handle):
+//! each one starts six nodes and drives them hard, and its figures should be about the
+//! cluster, not about the machine's scheduler juggling several clusters at once.
+//!
+//! ## Attributing a decision to a window
+//!
+//! The server decides by its own clock, at some instant between the moment the client sent
+//! the request and the moment it received the answer; client and server read the same machine
+//! clock (`SystemTime`, ms since the Unix epoch). An allowed `fixed_window` decision answers
+//! `reset_after_ms = end of its window − now`, so its window ends at `now + reset_after_ms`
+//! with `now` in `[sent_ms, received_ms]`: the window's end is the one multiple of the window
+//! length in `[sent_ms + reset_after_ms, received_ms + reset_after_ms]`. That names the window
+//! of every admission whose round trip is shorter than a window, including requests sent in
+//! one window and answered in the next. An admission whose interval holds two window ends (a
+//! round trip longer than a window) is *straddling*: it is left out of the per-window counts
+//! and counted separately; one whose interval holds none contradicts the clock and is counted
+//! as *unattributable* (the tests require none). Where the client's own clock already puts the
+//! whole round trip inside one window, the two attributions must agree (*disagreements*: none).
+//! Denials only show that demand exceeded the limit; they are attributed by the client's clock
+//! alone (round trip inside one window) and straddling ones are counted separately.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use levee_blackbox::{Reply, encode_segment, levee, levee_binary, metric, wait_until};
+use levee_core::Consistency;
+use levee_node::local_cluster::{LocalCluster, LocalNode};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// `cluster.gossip_interval` of every test cluster.
+const GOSSIP_INTERVAL_MS: u64 = 20;
+/// `cluster.suspect_after` of every test cluster.
+const SUSPECT_AFTER_MS: u64 = 500;
+/// The regions, in order; node ids are `<region>-1` and `<region>-2`.
+const REGIONS: [&str; 3] = ["eu", "us", "ap"];
+/// Nodes in every region.
+const NODES_PER_REGION: usize = 2;
+/// How long a whole cluster may take to be ready and to see every peer.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a node may take to exit after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The rules every node runs.
+const RULES: &str = r#"
+[[rule]]
+name = "per-second"
+algorithm = "fixed_window"
+limit = 200
+window = "1s"
+
+[[rule]]
+name = "daily"
+algorithm = "fixed_window"
+limit = 600
+window = "1d"
+
+[[rule]]
+name = "durable"
+algorithm = "fixed_window"
+limit = 1000000
+window = "1d"
+"#;
+/// `limit` of `per-second`.
+const PER_SECOND_LIMIT: u64 = 200;
+/// The window of `per-second`, in ms.
+const SECOND_MS: u64 = 1_000;
+/// `limit` of `daily`.
+const DAILY_LIMIT: u64 = 600;
+/// The window of `daily` and `durable`, in ms.
+const DAY_MS: u64 = 86_400_000;
+
+// ---------------------------------------------------------------------------------------------
+// The cluster harness
+// ---------------------------------------------------------------------------------------------
+
+/// One cluster test at a time (see the module docs).
+fn one_cluster_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Ports are taken below Linux's default ephemeral range (32768–60999), so that no client
+/// socket of the test or of the nodes can be sitting on a node's port when it (re)starts.
+const PORT_FLOOR: u32 = 10_000;
+const PORT_CEILING: u32 = 32_000;
+
+/// The first of `count` consecutive ports that are free on 127.0.0.1 for both TCP (HTTP) and
+/// UDP (QUIC). Candidates start at a place that depends on the process id and move on with
+/// every call, so concurrent test processes rarely even probe the same ports.
+fn pick_base_port(count: u16) -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = PORT_CEILING - PORT_FLOOR - u32::from(count);
+    let start = (std::process::id() % 1000) * 20;
+    for _ in 0..2_000 {
+        let offset = NEXT.fetch_add(20, Ordering::Relaxed);
+        let base = PORT_FLOOR + (start + offset) % span;
+        if (base..base + u32::from(count)).all(|p| port_is_free(p as u16)) {
+            return base as u16;
+        }
+    }
+    panic!("no run of {count} free loopback ports between {PORT_FLOOR} and {PORT_CEILING}");
+}
+
+fn port_is_free(port: u16) -> bool {
+    let tcp = TcpListener::bind(("127.0.0.1", port)).is_ok();
+    tcp && UdpSocket::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// Milliseconds since the Unix epoch, the clock the nodes decide by.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_millis() as u64
+}
+
+fn now_ms_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_secs_f64()
+        * 1_000.0
+}
+
+/// Sleeps until the wall clock reads `due_ms`.
+fn sleep_until_ms(due_ms: f64) {
+    loop {
+        let now = now_ms_f64();
+        if now >= due_ms {
+            return;
+        }
+        std::thread::sleep(Duration::from_secs_f64(
+            ((due_ms - now) / 1_000.0).min(0.05),
+        ));
+    }
+}
+
+/// A few ms after the start of the next window of `window_ms`.
+fn next_window_start(window_ms: u64) -> u64 {
+    (now_ms() / window_ms + 1) * window_ms + 5
+}
+
+/// If the current window of `window_ms` ends within `margin_ms`, waits until the next one has
+/// begun: a test that counts in a day-long window must not see it roll over.
+fn avoid_window_edge(window_ms: u64, margin_ms: u64) {
+    let left = window_ms - now_ms() % window_ms;
+    if left < margin_ms {
+        std::thread::sleep(Duration::from_millis(left + 100));
+    }
+}
+
+fn new_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into()
+}
+
+/// One HTTP exchange; `Err` if there was no answer.
+fn http(agent: &ureq::Agent, method: &str, url: &str, body: Option<&str>) -> Result<Reply, String> {
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    let result = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            agent.run(req.body(b.as_bytes().to_vec()).map_err(|e| e.to_string())?)
+        }
+        None => agent.run(req.body(()).map_err(|e| e.to_string())?),
+    };
+    let resp = result.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = resp
+        .into_body()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    let json = serde_json::from_str(&body).unwrap_or(Value::Null);
+    Ok(Reply {
+        status,
+        headers,
+        body,
+        json,
+    })
+}
+
+/// `kill -<signal> <pid>`; whether it was delivered.
+fn send_signal(pid: u32, signal: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Waits for `child` to exit until `deadline`, then SIGKILLs it; reaps it either way.
+fn reap(child: &mut Child, deadline: Instant) {
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts the watchdog of the cluster in `dir` (see [`LocalClusterHandle`]): a shell that
+/// polls this process and, once it is gone, SIGKILLs (after a SIGCONT) every pid listed in
+/// `<dir>/pids/`, then removes `dir`.
+fn spawn_watchdog(dir: &Path) -> Child {
+    const SCRIPT: &str = r#"while kill -0 "$1" 2>/dev/null; do sleep 0.2; done
+for f in "$2"/*.pid; do
+  [ -f "$f" ] || continue
+  p=$(cat "$f")
+  kill -CONT "$p" 2>/dev/null
+  kill -KILL "$p" 2>/dev/null
+done
+rm -rf "$3""#;
+    Command::new("sh")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg("levee-cluster-watchdog")
+        .arg(std::process::id().to_string())
+        .arg(dir.join("pids"))
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the cluster's watchdog")
+}
+
+/// The last `n` lines of a file.
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// One node of the cluster: where it is, and its process when it runs.
+struct Member {
+    node: LocalNode,
+    child: Option<Child>,
+    agent: ureq::Agent,
+    /// The node's stdout and stderr (appended to across restarts).
+    log: PathBuf,
+}
+
+/// A running local cluster: three regions of two `levee serve` processes each. Dropping it
+/// stops every process (SIGCONT first, so a stopped one can die; then SIGTERM; SIGKILL after
+/// a bound) and waits for each. If the test is failing, it prints the tail of every node's log
+/// and keeps the cluster's directory.
+///
+/// Should the test process die without dropping the handle (killed by a signal, a closed
+/// pipe), a watchdog shell it started kills the nodes it has left behind: it waits for the
+/// test process to disappear, then SIGKILLs every pid listed in `<dir>/pids/`, where the
+/// handle keeps the pids of its running nodes, and removes the directory.
+struct LocalClusterHandle {
+    members: Vec<Member>,
+    watchdog: Option<Child>,
+    dir: Option<TempDir>,
+    _one_at_a_time: MutexGuard<'static, ()>,
+}
+
+impl LocalClusterHandle {
+    /// A strict-mode cluster running [`RULES`], every node ready and seeing every peer.
+    fn start() -> LocalClusterHandle {
+        let guard = one_cluster_at_a_time();
+        let dir = tempfile::Builder::new()
+            .prefix("levee-cluster-")
+            .tempdir()
+            .expect("a temporary directory");
+        let rules: Vec<_> = levee_node::Config::parse(RULES, "cluster rules")
+            .expect("the test rules are valid")
+            .rules
+            .into_iter()
+            .map(|r| r.spec)
+            .collect();
+        std::fs::create_dir_all(dir.path().join("pids")).expect("the pid directory");
+        let watchdog = spawn_watchdog(dir.path());
+        let mut cluster = LocalClusterHandle {
+            members: Vec::new(),
+            watchdog: Some(watchdog),
+            dir: Some(dir),
+            _one_at_a_time: guard,
+        };
+        let ports = (REGIONS.len() * NODES_PER_REGION * 2) as u16;
+        for attempt in 1..=5 {
+            let spec = LocalCluster {
+                regions: REGIONS.iter().map(|r| (*r).to_owned()).collect(),
+                nodes_per_region: NODES_PER_REGION,
+                base_port: pick_base_port(ports),
+                mode: Consistency::Strict,
+                rules: rules.clone(),
+                gossip_interval: format!("{GOSSIP_INTERVAL_MS}ms"),
+                suspect_after: format!("{SUSPECT_AFTER_MS}ms"),
+            };
+            let nodes = spec
+                .write(cluster.dir(), |_, _| None)
+                .expect("lay out the cluster");
+            cluster.members = nodes
+                .into_iter()
+                .map(|node| Member {
+                    log: cluster.dir().join(format!("{}.log", node.id)),
+                    node,
+                    child: None,
+                    agent: new_agent(),
+                })
+                .collect();
+            for i in 0..cluster.members.len() {
+                let config = cluster.members[i].node.config.clone();
+                cluster.spawn(i, &config);
+            }
+            let deadline = Instant::now() + READY_TIMEOUT;
+            let outcome =
+                (0..cluster.members.len()).try_for_each(|i| cluster.wait_ready(i, deadline));
+            match outcome {
+                Ok(()) => {
+                    cluster.wait_fully_connected(READY_TIMEOUT);
+                    return cluster;
+                }
+                // Another process took one of the ports between the probe and the bind.
+                Err(e) if attempt < 5 && (e.contains("in use") || e.contains("cannot listen")) => {
+                    cluster.stop_all();
+                }
+                Err(e) => panic!("the cluster did not start: {e}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.as_ref().expect("the cluster's directory").path()
+    }
+
+    fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The index of node `id`.
+    fn idx(&self, id: &str) -> usize {
+        self.members
+            .iter()
+            .position(|m| m.node.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn id(&self, i: usize) -> &str {
+        &self.members[i].node.id
+    }
+
+    /// The nodes of `region`.
+    fn region(&self, region: &str) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&i| self.members[i].node.region == region)
+            .collect()
+    }
+
+    fn node(&self, i: usize) -> &LocalNode {
+        &self.members[i].node
+    }
+
+    // ---- processes ----
+
+    fn pid_file(&self, i: usize) -> PathBuf {
+        self.dir()
+            .join("pids")
+            .join(format!("{}.pid", self.members[i].node.id))
+    }
+
+    /// Node `i`'s process has been reaped: the watchdog must not signal its pid any more.
+    fn reaped(&mut self, i: usize) {
+        self.members[i].child = None;
+        let _ = std::fs::remove_file(self.pid_file(i));
+    }
+
+    /// Starts node `i` on `config` (its own, or an impostor's), logging to its log file.
+    fn spawn(&mut self, i: usize, config: &Path) {
+        let m = &mut self.members[i];
+        assert!(m.child.is_none(), "{} is already running", m.node.id);
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&m.log)
+            .expect("open the node's log");
+        let child = Command::new(levee_binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            // `LEVEE_LOG=debug cargo test …` gives the nodes' debug logs.
+            .env(
+                "LEVEE_LOG",
+                std::env::var("LEVEE_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone the log's handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", levee_binary().display()));
+        let pid = child.id();
+        m.child = Some(child);
+        m.agent = new_agent();
+        std::fs::write(self.pid_file(i), pid.to_string()).expect("write the node's pid file");
+    }
+
+    /// Waits (until `deadline`) for node `i` to answer `/readyz` with 200; `Err` with the
+    /// tail of its log if it exits first or the deadline passes.
+    fn wait_ready(&mut self, i: usize, deadline: Instant) -> Result<(), String> {
+        loop {
+            if let Some(status) = self.members[i]
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.reaped(i);
+                return Err(format!(
+                    "{} exited with {status} before it was ready; log:\n{}",
+                    self.id(i),
+                    tail(&self.members[i].log, 30)
+                ));
+            }
+            if self.try_get(i, "/readyz").is_ok_and(|r| r.status == 200) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} did not answer /readyz with 200 in time; log:\n{}",
+                    self.id(i),
+                    tail(&self.members[i].log, 30)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// How many connections node `i` has dialled to `peer` and completed (`Hello`s exchanged).
+    fn outbound_connections(&self, i: usize, peer: &str) -> f64 {
+        metric(
+            &self.metrics(i),
+            "levee_transport_connections_total",
+            &[("peer", peer), ("direction", "outbound")],
+        )
+        .unwrap_or(0.0)
+    }
+
+    /// Waits until every running node has dialled every other running node (and completed the
+    /// `Hello` exchange) and sees every peer and every region reachable.
+    ///
+    /// Reachability alone is not enough: a node hears a peer's `Hello` on the connection *it*
+    /// dialled, so it may show the peer reachable while the peer's own dial to it is still
+    /// pending — and its frames with it — and then mark it unreachable again after
+    /// `suspect_after`.
+    fn wait_fully_connected(&self, timeout: Duration) {
+        let running: Vec<usize> = (0..self.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .collect();
+        let ok = wait_until(timeout, || {
+            running.iter().all(|&i| {
+                running
+                    .iter()
+                    .all(|&j| j == i || self.outbound_connections(i, self.id(j)) >= 1.0)
+            }) && running.iter().all(|&i| {
+                let s = self.status(i);
+                all_reachable(&s["peers"]) && all_reachable(&s["regions"])
+            })
+        });
+        assert!(
+            ok,
+            "not every node is connected to and sees every peer within {timeout:?}: {}",
+            running
+                .iter()
+                .map(|&i| format!("\n{}: {}", self.id(i), self.status(i)))
+                .collect::<String>()
+        );
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.members[i]
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running", self.id(i)))
+            .id()
+    }
+
+    /// Freezes node `i` (SIGSTOP): its sockets stay open, it answers nothing.
+    fn sigstop(&self, i: usize) {
+        assert!(
+            send_signal(self.pid(i), "STOP"),
+            "kill -STOP {}",
+            self.id(i)
+        );
+    }
+
+    /// Thaws node `i` (SIGCONT).
+    fn sigcont(&self, i: usize) {
+        assert!(
+            send_signal(self.pid(i), "CONT"),
+            "kill -CONT {}",
+            self.id(i)
+        );
+    }
+
+    /// `kill -9` node `i`, and reaps it.
+    fn kill9(&mut self, i: usize) {
+        let mut child = self.members[i]
+            .child
+            .take()
+            .unwrap_or_else(|| panic!("{} is not running", self.id(i)));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap the killed node");
+        self.reaped(i);
+    }
+
+    /// Stops node `i` with SIGTERM and waits for it (SIGKILL after [`STOP_TIMEOUT`]).
+    fn stop(&mut self, i: usize) {
+        let Some(mut child) = self.members[i].child.take() else {
+            return;
+        };
+        send_signal(child.id(), "CONT");
+        send_signal(child.id(), "TERM");
+        reap(&mut child, Instant::now() + STOP_TIMEOUT);
+        self.reaped(i);
+    }
+
+    /// Stops (if running) and starts node `i` again on its own configuration, ports and data
+    /// directory, and waits until it is ready.
+    ///
+    /// Then waits until every other running node has dialled the new process (their old
+    /// connections to the previous one count for nothing) and every node is fully connected.
+    fn restart(&mut self, i: usize) {
+        let id = self.id(i).to_owned();
+        let others: Vec<usize> = (0..self.len())
+            .filter(|&j| j != i && self.members[j].child.is_some())
+            .collect();
+        let dialled_before: Vec<f64> = others
+            .iter()
+            .map(|&j| self.outbound_connections(j, &id))
+            .collect();
+        self.stop(i);
+        let config = self.node(i).config.clone();
+        self.spawn(i, &config);
+        if let Err(e) = self.wait_ready(i, Instant::now() + READY_TIMEOUT) {
+            panic!("{id} did not restart: {e}");
+        }
+        let redialled = wait_until(READY_TIMEOUT, || {
+            others
+                .iter()
+                .zip(&dialled_before)
+                .all(|(&j, &before)| self.outbound_connections(j, &id) > before)
+        });
+        assert!(
+            redialled,
+            "the other nodes did not reconnect to the restarted {id}"
+        );
+        self.wait_fully_connected(READY_TIMEOUT);
+    }
+
+    /// Stops every process: SIGCONT and SIGTERM to all, then waits for each, SIGKILL after a
+    /// bound.
+    fn stop_all(&mut self) {
+        for m in &self.members {
+            if let Some(c) = &m.child {
+                send_signal(c.id(), "CONT");
+                send_signal(c.id(), "TERM");
+            }
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for i in 0..self.members.len() {
+            if let Some(mut child) = self.members[i].child.take() {
+                reap(&mut child, deadline);
+                self.reaped(i);
+            }
+        }
+    }
+
+    // ---- HTTP ----
+
+    fn url(&self, i: usize, path: &str) -> String {
+        format!("http://{}{path}", self.node(i).http)
+    }
+
+    fn try_get(&self, i: usize, path: &str) -> Result<Reply, String> {
+        http(&self.members[i].agent, "GET", &self.url(i, path), None)
+    }
+
+    /// `GET path` on node `i`; panics (with the node's log) if it does not answer.
+    fn get(&self, i: usize, path: &str) -> Reply {
+        self.try_get(i, path).unwrap_or_else(|e| {
+            panic!(
+                "GET {path} on {}: no answer ({e}); log:\n{}",
+                self.id(i),
+                tail(&self.members[i].log, 30)
+            )
+        })
+    }
+
+    /// `POST /v1/check` of one unit of `rule`/`key` on node `i`; asserts a 200.
+    fn check(&self, i: usize, rule: &str, key: &str) -> Reply {
+        let body = json!({ "rule": rule, "key": key }).to_string();
+        let r = http(
+            &self.members[i].agent,
+            "POST",
+            &self.url(i, "/v1/check"),
+            Some(&body),
+        )
+        .unwrap_or_else(|e| panic!("check on {}: no answer ({e})", self.id(i)));
+        assert_eq!(r.status, 200, "check on {}: {r:?}", self.id(i));
+        r
+    }
+
+    /// `n` checks on node `i`; asserts that every one is allowed.
+    fn admit(&self, i: usize, rule: &str, key: &str, n: u64) {
+        for k in 0..n {
+            let r = self.check(i, rule, key);
+            assert!(
+                r.allowed(),
+                "check {k} of {n} on {} is allowed: {}",
+                self.id(i),
+                r.body
+            );
+        }
+    }
+
+    /// `rounds` rounds of one check on every node of `nodes` in turn, so that every region's
+    /// demand shows at once; returns how many were admitted. (In strict mode a region that
+    /// sees demand only after another region's burst may hold no rights for the key yet.)
+    fn admit_round_robin(&self, nodes: &[usize], rule: &str, key: &str, rounds: u64) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..rounds {
+            for &n in nodes {
+                if self.check(n, rule, key).allowed() {
+                    admitted += 1;
+                }
+            }
+        }
+        admitted
+    }
+
+    /// `GET /v1/usage/{rule}/{key}` on node `i`.
+    fn usage(&self, i: usize, rule: &str, key: &str) -> Value {
+        let r = self.get(
+            i,
+            &format!("/v1/usage/{}/{}", encode_segment(rule), encode_segment(key)),
+        );
+        assert_eq!(r.status, 200, "usage on {}: {r:?}", self.id(i));
+        r.json
+    }
+
+    fn used(&self, i: usize, rule: &str, key: &str) -> u64 {
+        let u = self.usage(i, rule, key);
+        u["used"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no integer used in {u}"))
+    }
+
+    /// `GET /v1/cluster` on node `i`.
+    fn status(&self, i: usize) -> Value {
+        let r = self.get(i, "/v1/cluster");
+        assert_eq!(r.status, 200, "/v1/cluster on {}: {r:?}", self.id(i));
+        r.json
+    }
+
+    /// `GET /metrics` on node `i`.
+    fn metrics(&self, i: usize) -> String {
+        let r = self.get(i, "/metrics");
+        assert_eq!(r.status, 200, "/metrics on {}: {r:?}", self.id(i));
+        r.body
+    }
+
+    /// Waits until every node of `nodes` reports the same `used` and per-region figures for
+    /// `rule`/`key`, and `accept` holds for that view; returns it, or panics after `timeout`.
+    fn wait_agreement(
+        &self,
+        nodes: &[usize],
+        rule: &str,
+        key: &str,
+        timeout: Duration,
+        accept: impl Fn(&View) -> bool,
+    ) -> View {
+        let mut last = Vec::new();
+        let ok = wait_until(timeout, || {
+            last = nodes
+                .iter()
+                .map(|&i| View::of(&self.usage(i, rule, key)))
+                .collect();
+            last.windows(2).all(|w| w[0] == w[1]) && accept(&last[0])
+        });
+        assert!(
+            ok,
+            "{rule}/{key}: the nodes {:?} do not agree on an acceptable view within {timeout:?}: {last:?}",
+            nodes.iter().map(|&i| self.id(i)).collect::<Vec<_>>()
+        );
+        last.swap_remove(0)
+    }
+}
+
+impl Drop for LocalClusterHandle {
+    fn drop(&mut self) {
+        let failing = std::thread::panicking();
+        if failing {
+            for m in &self.members {
+                eprintln!(
+                    "----- {} ({}) log tail -----\n{}",
+                    m.node.id,
+                    m.log.display(),
+                    tail(&m.log, 40)
+                );
+            }
+        }
+        self.stop_all();
+        if let Some(mut watchdog) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+        if failing && let Some(dir) = self.dir.take() {
+            eprintln!("cluster files kept in {}", dir.keep().display());
+        }
+    }
+}
+
+/// Whether every entry of a `/v1/cluster` `peers` or `regions` array says `reachable: true`.
+fn all_reachable(list: &Value) -> bool {
+    list.as_array()
+        .is_some_and(|l| l.iter().all(|p| p["reachable"] == true))
+}
+
+/// `reachable` of the entry named `name` (`id` for peers, `name` for regions).
+fn reachable_of(list: &Value, name: &str) -> Option<bool> {
+    list.as_array()?
+        .iter()
+        .find(|p| p["id"] == name || p["name"] == name)
+        .and_then(|p| p["reachable"].as_bool())
+}
+
+/// What a node's `/v1/usage` says of a key: the global figure and the per-region ones.
+#[derive(Debug, Clone, PartialEq)]
+struct View {
+    used: u64,
+    regions: Value,
+}
+
+impl View {
+    fn of(u: &Value) -> View {
+        View {
+            used: u["used"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no integer used in {u}")),
+            regions: u["regions"].clone(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load and accounting
+// ---------------------------------------------------------------------------------------------
+
+/// One client stream: checks sent to `node` at a steady `per_second`.
+#[derive(Debug, Clone, Copy)]
+struct Demand {
+    node: usize,
+    per_second: f64,
+}
+
+/// What one check got.
+#[derive(Debug, Clone)]
+enum Answer {
+    Decided {
+        allowed: bool,
+        degraded: bool,
+        reset_after_ms: u64,
+    },
+    /// No answer, or not a 200 decision.
+    Failed(String),
+}
+
+/// One check as the client saw it.
+#[derive(Debug, Clone)]
+struct Sample {
+    node: usize,
+    sent_ms: u64,
+    received_ms: u64,
+    answer: Answer,
+}
+
+impl Sample {
+    fn allowed(&self) -> bool {
+        matches!(self.answer, Answer::Decided { allowed: true, .. })
+    }
+}
+
+fn decide(agent: &ureq::Agent, url: &str, body: &str) -> Answer {
+    match http(agent, "POST", url, Some(body)) {
+        Ok(r) if r.status == 200 => match (
+            r.json["allowed"].as_bool(),
+            r.json["degraded"].as_bool(),
+            r.json["reset_after_ms"].as_u64(),
+        ) {
+            (Some(allowed), Some(degraded), Some(reset_after_ms)) => Answer::Decided {
+                allowed,
+                degraded,
+                reset_after_ms,
+            },
+            _ => Answer::Failed(format!("not a decision: {}", r.body)),
+        },
+        Ok(r) => Answer::Failed(format!("{}: {}", r.status, r.body)),
+        Err(e) => Answer::Failed(e),
+    }
+}
+
+/// Runs every stream of `demand` from `start_ms` for `duration_ms`, one thread (and one
+/// keep-alive connection) per stream, each sending `per_second × duration` checks on a fixed
+/// schedule (streams are phase-shifted so they do not fire together). Returns every sample.
+fn run_load(
+    c: &LocalClusterHandle,
+    rule: &str,
+    key: &str,
+    demand: &[Demand],
+    start_ms: u64,
+    duration_ms: u64,
+) -> Vec<Sample> {
+    let body = json!({ "rule": rule, "key": key }).to_string();
+    let streams = demand.len() as f64;
+    std::thread::scope(|s| {
+        let threads: Vec<_> = demand
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let url = c.url(d.node, "/v1/check");
+                let body = body.as_str();
+                let d = *d;
+                s.spawn(move || {
+                    let agent = new_agent();
+                    let interval = 1_000.0 / d.per_second;
+                    let n = (d.per_second * duration_ms as f64 / 1_000.0).round() as u64;
+                    let phase = i as f64 / streams;
+                    let mut out = Vec::with_capacity(n as usize);
+                    for k in 0..n {
+                        sleep_until_ms(start_ms as f64 + (phase + k as f64) * interval);
+                        let sent_ms = now_ms();
+                        let answer = decide(&agent, &url, body);
+                        out.push(Sample {
+                            node: d.node,
+                            sent_ms,
+                            received_ms: now_ms(),
+                            answer,
+                        });
+                    }
+                    out
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a load thread panicked"))
+            .collect()
+    })
+}
+
+/// Checks sent one after another to `url` until `stop` is set.
+fn load_until(node: usize, url: &str, body: &str, stop: &AtomicBool) -> Vec<Sample> {
+    let agent = new_agent();
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let sent_ms = now_ms();
+        let answer = decide(&agent, url, body);
+        out.push(Sample {
+            node,
+            sent_ms,
+            received_ms: now_ms(),
+            answer,
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    out
+}
+
+/// Counts in one window.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    /// Checks sent in the window (by the client's clock): the demand a central counter sees.
+    sent: u64,
+    /// Admissions decided in the window.
+    admitted: u64,
+    /// Denials decided in the window.
+    denied: u64,
+}
+
+/// Admissions and denials per window (see the module docs).
+#[derive(Debug, Default)]
+struct Accounting {
+    window_ms: u64,
+    windows: BTreeMap<u64, Tally>,
+    admitted_straddling: u64,
+    denied_straddling: u64,
+    unattributable: u64,
+    disagreements: u64,
+    failed: Vec<String>,
+}
+
+fn account(samples: &[Sample], window_ms: u64) -> Accounting {
+    let mut a = Accounting {
+        window_ms,
+        ..Accounting::default()
+    };
+    for s in samples {
+        a.windows.entry(s.sent_ms / window_ms).or_default().sent += 1;
+        let same_window = s.sent_ms / window_ms == s.received_ms / window_ms;
+        match &s.answer {
+            Answer::Failed(e) => a.failed.push(e.clone()),
+            Answer::Decided {
+                allowed: true,
+                reset_after_ms,
+                ..
+            } => {
+                // The window ends at `decided_at + reset_after_ms`, decided_at in [sent, received].
+                let lo = s.sent_ms + reset_after_ms;
+                let hi = s.received_ms + reset_after_ms;
+                let end = lo.div_ceil(window_ms) * window_ms;
+                if end > hi {
+                    a.unattributable += 1;
+                } else if end + window_ms <= hi {
+                    a.admitted_straddling += 1;
+                } else {
+                    let w = end / window_ms - 1;
+                    if same_window && s.sent_ms / window_ms != w {
+                        a.disagreements += 1;
+                    }
+                    a.windows.entry(w).or_default().admitted += 1;
+                }
+            }
+            Answer::Decided { allowed: false, .. } => {
+                if same_window {
+                    a.windows.entry(s.sent_ms / window_ms).or_default().denied += 1;
+                } else {
+                    a.denied_straddling += 1;
+                }
+            }
+        }
+    }
+    a
+}
+
+impl Accounting {
+    fn tally(&self, w: u64) -> Tally {
+        self.windows.get(&w).copied().unwrap_or_default()
+    }
+
+    /// A table of the windows `first..first + n` for the test's output.
+    fn table(&self, first: u64, n: u64, limit: u64) -> String {
+        let mut out = format!(
+            "window (x{} ms)  sent  admitted  denied  admitted/limit\n",
+            self.window_ms
+        );
+        for w in first..first + n {
+            let t = self.tally(w);
+            out.push_str(&format!(
+                "{w:>15}  {:>4}  {:>8}  {:>6}  {:>13.1}%\n",
+                t.sent,
+                t.admitted,
+                t.denied,
+                100.0 * t.admitted as f64 / limit as f64
+            ));
+        }
+        out.push_str(&format!(
+            "straddling admissions {}, straddling denials {}, unattributable {}, disagreements {}, failed {}",
+            self.admitted_straddling,
+            self.denied_straddling,
+            self.unattributable,
+            self.disagreements,
+            self.failed.len()
+        ));
+        out
+    }
+
+    /// Asserts that every check was answered and every admission was attributed consistently.
+    #[track_caller]
+    fn assert_clean(&self) {
+        assert!(
+            self.failed.is_empty(),
+            "{} checks got no decision, e.g. {:?}",
+            self.failed.len(),
+            self.failed.first()
+        );
+        assert_eq!(
+            self.unattributable, 0,
+            "admissions whose reset_after_ms names no window they could have been decided in"
+        );
+        assert_eq!(
+            self.disagreements, 0,
+            "admissions whose reset_after_ms contradicts the window the client saw them in"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests
+// ---------------------------------------------------------------------------------------------
+
+/// A key overloaded from all six nodes at six times its limit: in strict mode, no window ever
+/// admits more than the limit.
+#[test]
+fn strict_mode_never_admits_more_than_the_limit_per_window_when_every_node_overloads_a_key() {
+    let c = LocalClusterHandle::start();
+    let (rule, key) = ("per-second", "hammered");
+    // Two streams per node at 100 checks per second: 1,200 per second, six times the limit.
+    let demand: Vec<Demand> = (0..c.len())
+        .flat_map(|node| {
+            [Demand {
+                node,
+                per_second: 100.0,
+            }; 2]
+        })
+        .collect();
+    let windows = 6;
+    let start = next_window_start(SECOND_MS);
+    let samples = run_load(&c, rule, key, &demand, start, windows * SECOND_MS);
+    let a = account(&samples, SECOND_MS);
+    let first = start / SECOND_MS;
+    eprintln!(
+        "strict overload, limit {PER_SECOND_LIMIT} per window:\n{}",
+        a.table(first, windows, PER_SECOND_LIMIT)
+    );
+    a.assert_clean();
+    let mut admitted = 0;
+    for w in first..first + windows {
+        let t = a.tally(w);
+        assert!(
+            t.admitted <= PER_SECOND_LIMIT,
+            "window {w} admitted {} > the limit {PER_SECOND_LIMIT}:\n{}",
+            t.admitted,
+            a.table(first, windows, PER_SECOND_LIMIT)
+        );
+        // The demand really was over the limit in every window (else the bound proves nothing).
+        assert!(
+            t.denied > 0 && t.sent > 2 * PER_SECOND_LIMIT,
+            "window {w} was not overloaded: {t:?}"
+        );
+        admitted += t.admitted;
+    }
+    assert!(admitted > 0, "nothing was admitted at all");
+    let by_node: Vec<String> = (0..c.len())
+        .map(|n| {
+            let mine = samples.iter().filter(|s| s.node == n);
+            let admitted = mine.clone().filter(|s| s.allowed()).count();
+            format!("{} {admitted}/{}", c.id(n), mine.count())
+        })
+        .collect();
+    eprintln!("admitted/sent by node: {}", by_node.join(", "));
+}
+
+/// Demand split 90/5/5 over the regions at twice the limit: from the third window on, every
+/// window admits at least 97 % of what a central counter would (the limit).
+#[test]
+fn skewed_demand_admits_at_least_97_percent_of_a_central_counter_from_the_third_window() {
+    let c = LocalClusterHandle::start();
+    let (rule, key) = ("per-second", "skewed");
+    // 400 checks per second in all: eu 360 (two streams per node at 90/s), us 20 and ap 20
+    // (one stream per node at 10/s).
+    let mut demand = Vec::new();
+    for n in c.region("eu") {
+        demand.extend(
+            [Demand {
+                node: n,
+                per_second: 90.0,
+            }; 2],
+        );
+    }
+    for n in c.region("us").into_iter().chain(c.region("ap")) {
+        demand.push(Demand {
+            node: n,
+            per_second: 10.0,
+        });
+    }
+    let windows = 8;
+    let start = next_window_start(SECOND_MS);
+    let samples = run_load(&c, rule, key, &demand, start, windows * SECOND_MS);
+    let a = account(&samples, SECOND_MS);
+    let first = start / SECOND_MS;
+    eprintln!(
+        "90/5/5 at twice the limit of {PER_SECOND_LIMIT}:\n{}",
+        a.table(first, windows, PER_SECOND_LIMIT)
+    );
+    a.assert_clean();
+    let mut total = 0.0;
+    for w in first + 2..first + windows {
+        let t = a.tally(w);
+        // A central exact counter, first come first served, admits min(demand, limit).
+        let reference = t.sent.min(PER_SECOND_LIMIT);
+        let utilisation = t.admitted as f64 / reference as f64;
+        total += utilisation;
+        assert!(
+            t.sent >= PER_SECOND_LIMIT,
+            "window {w}: the load generator fell behind ({} sent)",
+            t.sent
+        );
+        assert!(
+            t.admitted <= PER_SECOND_LIMIT,
+            "window {w} admitted {} > the limit",
+            t.admitted
+        );
+        assert!(
+            utilisation >= 0.97,
+            "window {w} admitted {} of a central counter's {reference} ({:.1} % < 97 %):\n{}",
+            t.admitted,
+            100.0 * utilisation,
+            a.table(first, windows, PER_SECOND_LIMIT)
+        );
+    }
+    let by_region: Vec<String> = REGIONS
+        .iter()
+        .map(|r| {
+            let nodes = c.region(r);
+            let of = |s: &&Sample| nodes.contains(&s.node);
+            let sent = samples.iter().filter(of).count();
+            let admitted = samples.iter().filter(of).filter(|s| s.allowed()).count();
+            format!("{r} {admitted}/{sent}")
+        })
+        .collect();
+    eprintln!(
+        "average utilisation from the third window on: {:.1} %; admitted/sent by region: {}",
+        100.0 * total / (windows - 2) as f64,
+        by_region.join(", ")
+    );
+}
+
+/// `kill -9` of a key's owner: the other node of its region takes the key over, and the key's
+/// usage loses nothing older than the last gossip interval; a restart of the killed node
+/// loses nothing either.
+#[test]
+fn kill_9_of_a_keys_owner_hands_the_key_over_without_resetting_its_usage() {
+    avoid_window_edge(DAY_MS, 60_000);
+    let mut c = LocalClusterHandle::start();
+    let (rule, key) = ("durable", "tenant-kill-9");
+    let eu = c.region("eu");
+    let owner_id = c.usage(eu[0], rule, key)["owner"]
+        .as_str()
+        .expect("usage names the owner")
+        .to_owned();
+    let owner = c.idx(&owner_id);
+    let survivor = *eu.iter().find(|&&n| n != owner).expect("two eu nodes");
+    let survivor_id = c.id(survivor).to_owned();
+    assert_eq!(
+        c.usage(survivor, rule, key)["owner"],
+        owner_id,
+        "both eu nodes agree on the owner"
+    );
+
+    // Quiet usage first: everything gossiped long before the kill must survive it exactly.
+    c.admit(owner, rule, key, 100);
+    c.admit(survivor, rule, key, 100); // forwarded to the owner
+    let quiet: u64 = 200;
+    let all: Vec<usize> = (0..c.len()).collect();
+    c.wait_agreement(&all, rule, key, Duration::from_secs(3), |v| v.used == quiet);
+
+    // Then a client keeps checking through the survivor (forwarded to the owner) while the
+    // owner is killed, and goes on after the survivor has taken the key over.
+    let url = c.url(survivor, "/v1/check");
+    let body = json!({ "rule": rule, "key": key }).to_string();
+    let stop = AtomicBool::new(false);
+    let (samples, killed_at_ms, takeover) = std::thread::scope(|s| {
+        let client = s.spawn(|| load_until(survivor, &url, &body, &stop));
+        std::thread::sleep(Duration::from_millis(700));
+        let killed_at_ms = now_ms();
+        let killed = Instant::now();
+        c.kill9(owner);
+        let took_over = wait_until(Duration::from_secs(5), || {
+            c.usage(survivor, rule, key)["owner"] == survivor_id.as_str()
+        });
+        let takeover = killed.elapsed();
+        // A while longer as the new owner.
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        let samples = client.join().expect("the client thread");
+        assert!(
+            took_over,
+            "{survivor_id} did not take {key} over from the killed {owner_id} within 5 s"
+        );
+        (samples, killed_at_ms, takeover)
+    });
+    let failed: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| matches!(s.answer, Answer::Failed(_)))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{survivor_id} failed to answer {} checks, e.g. {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let admitted = samples.iter().filter(|s| s.allowed()).count() as u64;
+    let before_kill = samples
+        .iter()
+        .filter(|s| s.allowed() && s.received_ms < killed_at_ms)
+        .count();
+    let degraded = samples
+        .iter()
+        .filter(|s| matches!(s.answer, Answer::Decided { degraded: true, .. }))
+        .count();
+    // Decisions the owner may have made after its last gossip: at most those answered within
+    // the last 250 ms before the kill (12 gossip intervals: generous, for a loaded machine),
+    // plus the one in flight.
+    let recent = samples
+        .iter()
+        .filter(|s| s.allowed() && s.sent_ms <= killed_at_ms && s.received_ms + 250 >= killed_at_ms)
+        .count() as u64;
+    let last = samples.last().expect("some checks were sent");
+    assert!(
+        matches!(
+            last.answer,
+            Answer::Decided {
+                degraded: false,
+                ..
+            }
+        ),
+        "after the takeover {survivor_id} decides as the owner, not degraded: {last:?}"
+    );
+
+    // Every surviving node agrees on the key's usage, and it lost at most the last interval.
+    let survivors: Vec<usize> = (0..c.len()).filter(|&n| n != owner).collect();
+    let seen = c.wait_agreement(&survivors, rule, key, Duration::from_secs(3), |_| true);
+    let counted = quiet + admitted;
+    let lost = counted.saturating_sub(seen.used);
+    eprintln!(
+        "kill -9 of {owner_id}: usage {quiet} before the load; {admitted} admitted under load \
+         ({before_kill} answered before the kill, {degraded} degraded); {survivor_id} took over \
+         after {takeover:?}; usage after {} (lost {lost}; admitted in the last 250 ms before the \
+         kill: {recent})",
+        seen.used
+    );
+    assert!(
+        seen.used >= quiet,
+        "the usage gossiped long before the kill was reset: {} < {quiet}",
+        seen.used
+    );
+    assert!(
+        lost <= recent,
+        "lost {lost} admissions, more than the {recent} answered in the last 250 ms before the kill"
+    );
+    assert!(
+        seen.used <= counted + 1,
+        "usage {} is more than the {counted} admissions (plus one in flight)",
+        seen.used
+    );
+
+    // The killed node comes back: it pulls the state it had gossiped and counts on from there.
+    c.restart(owner);
+    let before_restart = seen.used;
+    let after_restart = c.used(owner, rule, key);
+    assert!(
+        after_restart >= before_restart,
+        "{owner_id} restarted with usage {after_restart} < {before_restart}"
+    );
+    c.admit(owner, rule, key, 50);
+    let final_view = c.wait_agreement(&all, rule, key, Duration::from_secs(3), |v| {
+        v.used >= before_restart + 50
+    });
+    eprintln!(
+        "after restarting {owner_id}: usage {after_restart} on it, {} everywhere after 50 more",
+        final_view.used
+    );
+    assert!(
+        final_view.used <= before_restart + 50 + lost,
+        "usage {} after the restart is more than the {} admitted",
+        final_view.used,
+        before_restart + 50 + lost
+    );
+}
+
+/// One region cut off (both its nodes frozen with SIGSTOP): the other regions keep answering,
+/// degraded, within their caps; after the heal every node's view agrees again, and the global
+/// limit held throughout.
+#[test]
+fn a_region_cut_off_leaves_the_others_answering_degraded_and_views_converge_after_the_heal() {
+    avoid_window_edge(DAY_MS, 60_000);
+    let c = LocalClusterHandle::start();
+    let (rule, key) = ("daily", "tenant-cut");
+    let all: Vec<usize> = (0..c.len()).collect();
+    // Some usage in every region before the cut: 15 rounds of a check on every node.
+    let before = c.admit_round_robin(&all, rule, key, 15);
+    let start_view = c.wait_agreement(&all, rule, key, Duration::from_secs(3), |v| {
+        v.used == before
+    });
+    for region in REGIONS {
+        assert!(
+            start_view.regions[region].as_u64().is_some_and(|u| u > 0),
+            "every region has usage before the cut: {start_view:?}"
+        );
+    }
+    let used_by = |regions: &[&str]| -> u64 {
+        regions
+            .iter()
+            .map(|r| start_view.regions[*r].as_u64().unwrap_or(0))
+            .sum()
+    };
+
+    let ap = c.region("ap");
+    let reachable: Vec<usize> = all.iter().copied().filter(|n| !ap.contains(n)).collect();
+    for &n in &ap {
+        c.sigstop(n);
+    }
+    let cut = Instant::now();
+    let noticed = wait_until(Duration::from_secs(5), || {
+        reachable
+            .iter()
+            .all(|&n| reachable_of(&c.status(n)["regions"], "ap") == Some(false))
+    });
+    assert!(noticed, "the other regions did not notice ap was cut off");
+    let noticed_after = cut.elapsed();
+
+    // Every node of eu and us overloads the key: 4 × 150 checks per second for 1.5 s, 900
+    // checks, far more than what eu and us hold.
+    let demand: Vec<Demand> = reachable
+        .iter()
+        .map(|&node| Demand {
+            node,
+            per_second: 150.0,
+        })
+        .collect();
+    let samples = run_load(&c, rule, key, &demand, now_ms() + 10, 1_500);
+    let failed: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| matches!(s.answer, Answer::Failed(_)))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "eu and us stopped answering during the cut: {} failures, e.g. {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let not_degraded = samples
+        .iter()
+        .filter(|s| {
+            matches!(
+                s.answer,
+                Answer::Decided {
+                    degraded: false,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(
+        not_degraded, 0,
+        "every decision during the cut is made under a conservative cap (degraded: true)"
+    );
+    let admitted_cut = samples.iter().filter(|s| s.allowed()).count() as u64;
+    let denied_cut = samples.len() as u64 - admitted_cut;
+    assert!(denied_cut > 0, "the demand exceeded what eu and us hold");
+    assert!(
+        before + admitted_cut <= DAILY_LIMIT,
+        "admitted {admitted_cut} during the cut on top of {before}: over the limit {DAILY_LIMIT}"
+    );
+    // eu and us hold their static shares (2/3 of the limit) less what they used before.
+    let side_left = (DAILY_LIMIT * 2 / 3).saturating_sub(used_by(&["eu", "us"]));
+    let expected = c.wait_agreement(&reachable, rule, key, Duration::from_secs(3), |v| {
+        v.used == before + admitted_cut
+    });
+
+    // Heal, and time how long until all six nodes agree.
+    for &n in &ap {
+        c.sigcont(n);
+    }
+    let healed = Instant::now();
+    let mut views = Vec::new();
+    let mut converged = None;
+    while healed.elapsed() < Duration::from_secs(3) {
+        views = all
+            .iter()
+            .map(|&n| View::of(&c.usage(n, rule, key)))
+            .collect::<Vec<_>>();
+        if views.iter().all(|v| *v == expected) {
+            converged = Some(healed.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "cut: ap unreachable noticed after {noticed_after:?}; eu+us admitted {admitted_cut} of \
+         {} checks during the cut ({:.1} % of the {side_left} left of their share); views \
+         converged {converged:?} after SIGCONT (gossip interval {GOSSIP_INTERVAL_MS} ms)",
+        samples.len(),
+        100.0 * admitted_cut as f64 / side_left as f64
+    );
+    assert!(
+        converged.is_some(),
+        "the views did not converge within 3 s of the heal: expected {expected:?}, got {views:?}"
+    );
+
+    // The cut-off region kept its rights: now everyone overloads the key, and the global
+    // total still never passes the limit.
+    c.wait_fully_connected(Duration::from_secs(5));
+    let demand: Vec<Demand> = all
+        .iter()
+        .map(|&node| Demand {
+            node,
+            per_second: 100.0,
+        })
+        .collect();
+    let samples = run_load(&c, rule, key, &demand, now_ms() + 10, 1_000);
+    assert!(
+        samples
+            .iter()
+            .all(|s| matches!(s.answer, Answer::Decided { .. })),
+        "every node answers after the heal"
+    );
+    let admitted_after = samples.iter().filter(|s| s.allowed()).count() as u64;
+    let total = before + admitted_cut + admitted_after;
+    let ap_after = samples
+        .iter()
+        .filter(|s| s.allowed() && ap.contains(&s.node))
+        .count();
+    eprintln!(
+        "after the heal: {admitted_after} more admitted ({ap_after} by ap); {total} of {DAILY_LIMIT} in all"
+    );
+    assert!(
+        total <= DAILY_LIMIT,
+        "{total} admitted in the window, over the limit {DAILY_LIMIT}"
+    );
+    c.wait_agreement(&all, rule, key, Duration::from_secs(3), |v| v.used == total);
+}
+
+/// A node holding a certificate from another CA, posing as `eu-2` on `eu-2`'s addresses with
+/// `eu-2`'s cluster configuration: it cannot join, and nothing it counts reaches the cluster.
+#[test]
+fn a_node_with_a_certificate_from_another_ca_cannot_join_and_changes_nothing() {
+    avoid_window_edge(DAY_MS, 60_000);
+    let mut c = LocalClusterHandle::start();
+    let rule = "durable";
+    let eu2 = c.idx("eu-2");
+    // A key that the real eu-2 owns, so that its own counter entry is in the cluster's state.
+    let key = (0..1_000)
+        .map(|i| format!("impostor-{i}"))
+        .find(|k| c.usage(eu2, rule, k)["owner"] == "eu-2")
+        .expect("some key is owned by eu-2");
+    c.admit(eu2, rule, &key, 40);
+    let all: Vec<usize> = (0..c.len()).collect();
+    let real = c.wait_agreement(&all, rule, &key, Duration::from_secs(3), |v| v.used == 40);
+
+    // The real eu-2 goes away; the others notice.
+    c.stop(eu2);
+    let others: Vec<usize> = all.iter().copied().filter(|&n| n != eu2).collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || others.iter().all(
+            |&n| reachable_of(&c.status(n)["peers"], "eu-2") == Some(false)
+        )),
+        "the others did not notice eu-2 stopped"
+    );
+
+    // The impostor: a CA of its own, a certificate for eu-2 from it, and otherwise eu-2's
+    // configuration (same addresses, same peers), with a data directory of its own.
+    let rogue = c.dir().join("rogue");
+    std::fs::create_dir_all(&rogue).expect("the impostor's directory");
+    for args in [
+        vec!["certs", "init", "--out"],
+        vec!["certs", "issue", "--ca", "", "--node", "eu-2", "--out"],
+    ] {
+        let mut cmd = levee();
+        for a in args {
+            if a.is_empty() {
+                cmd.arg(&rogue);
+            } else {
+                cmd.arg(a);
+            }
+        }
+        let out = cmd.arg(&rogue).output().expect("run levee certs");
+        assert!(
+            out.status.success(),
+            "levee certs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let real_config = std::fs::read_to_string(&c.node(eu2).config).expect("eu-2's configuration");
+    let rogue_config: String = real_config
+        .lines()
+        .map(|l| {
+            if l.starts_with("tls = ") {
+                format!(
+                    "tls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\" }}",
+                    rogue.join("ca.pem").display(),
+                    rogue.join("eu-2.pem").display(),
+                    rogue.join("eu-2.key").display()
+                )
+            } else if l.starts_with("data_dir = ") {
+                format!("data_dir = \"{}\"", rogue.join("data").display())
+            } else {
+                l.to_owned()
+            }
+        })
+        .map(|l| l + "\n")
+        .collect();
+    assert!(rogue_config.contains(&rogue.display().to_string()));
+    let rogue_path = rogue.join("eu-2.toml");
+    std::fs::write(&rogue_path, rogue_config).expect("write the impostor's configuration");
+
+    let refused = |c: &LocalClusterHandle| -> f64 {
+        others
+            .iter()
+            .map(|&n| {
+                metric(
+                    &c.metrics(n),
+                    "levee_transport_handshakes_refused_total",
+                    &[],
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let refused_before = refused(&c);
+    c.spawn(eu2, &rogue_path);
+    // Alone, it becomes ready once it has waited `suspect_after` for peers that never answer.
+    if let Err(e) = c.wait_ready(eu2, Instant::now() + Duration::from_secs(10)) {
+        panic!("the impostor did not start: {e}");
+    }
+
+    // The impostor counts the key on its own (as eu-2, the key's owner in eu) while the real
+    // nodes are watched: they never see eu-2 reachable, and their usage of the key never moves.
+    let mut rogue_admitted = 0;
+    let watch_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watch_until {
+        for _ in 0..20 {
+            if c.check(eu2, rule, &key).allowed() {
+                rogue_admitted += 1;
+            }
+        }
+        for &n in &others {
+            let s = c.status(n);
+            assert_eq!(
+                reachable_of(&s["peers"], "eu-2"),
+                Some(false),
+                "{} sees the impostor as a reachable eu-2: {s}",
+                c.id(n)
+            );
+            let u = View::of(&c.usage(n, rule, &key));
+            assert_eq!(u, real, "{} changed the key's usage", c.id(n));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rogue_used = c.used(eu2, rule, &key);
+    let rogue_status = c.status(eu2);
+    let refused_after = refused(&c);
+    eprintln!(
+        "impostor eu-2: admitted {rogue_admitted}, its own usage {rogue_used}; the real nodes \
+         refused {} TLS handshakes meanwhile and kept usage {}; impostor's peers: {}",
+        refused_after - refused_before,
+        real.used,
+        rogue_status["peers"]
+    );
+    assert!(
+        rogue_admitted > 0 && rogue_used >= rogue_admitted,
+        "the impostor counted something that would have changed the cluster had it got in"
+    );
+    assert!(
+        refused_after > refused_before,
+        "the real nodes refused the impostor's handshakes (counted)"
+    );
+    assert!(
+        !rogue_status["peers"]
+            .as_array()
+            .expect("peers")
+            .iter()
+            .any(|p| p["reachable"] == true),
+        "the impostor reached no peer: {rogue_status}"
+    );
+
+    // The real eu-2 comes back: the cluster never saw the impostor's counts.
+    c.stop(eu2);
+    c.restart(eu2);
+    c.wait_agreement(&all, rule, &key, Duration::from_secs(3), |v| *v == real);
+}
+
+/// Frames a node must refuse, each on its own unidirectional stream after a proper `Hello`.
+fn bad_frames() -> Vec<(&'static str, Vec<u8>)> {
+    use levee_proto::{HEADER_BYTES, MAX_FRAME_BYTES, Message, VERSION, encode_frame};
+    let valid = encode_frame(&Message::PullRequest).expect("encode a frame");
+    let mut wrong_version = valid.clone();
+    wrong_version[0] = VERSION + 1;
+    let mut oversized = vec![VERSION];
+    oversized.extend_from_slice(&(MAX_FRAME_BYTES as u32 + 1).to_le_bytes());
+    oversized.extend(std::iter::repeat_n(0u8, 64 << 10));
+    let mut garbage = vec![VERSION];
+    garbage.extend_from_slice(&16u32.to_le_bytes());
+    garbage.extend([0xff; 16]);
+    let mut left_over = valid.clone();
+    left_over.push(0);
+    let len = (left_over.len() - HEADER_BYTES) as u32;
+    left_over[1..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
+    let mut truncated = vec![VERSION];
+    truncated.extend_from_slice(&64u32.to_le_bytes());
+    truncated.extend([0u8; 8]);
+    vec![
+        ("version", wrong_version),
+        ("size", oversized),
+        ("corrupted", garbage),
+        ("corrupted", left_over),
+        ("truncated", truncated),
+    ]
+}
+
+/// Writes `bytes` on a new unidirectional stream and finishes it; the peer may stop the stream
+/// before it has read everything (that is what refusing a frame does), so write errors are
+/// expected. Returns how the peer ended the stream: `Some(code)` if it stopped it.
+async fn send_uni(conn: &quinn::Connection, bytes: &[u8]) -> Result<Option<u64>, String> {
+    let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
+    let _ = send.write_all(bytes).await;
+    let _ = send.finish();
+    match tokio::time::timeout(Duration::from_secs(5), send.stopped()).await {
+        Ok(Ok(code)) => Ok(code.map(|c| c.into_inner())),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the stream was neither acknowledged nor stopped within 5 s".into()),
+    }
+}
+
+/// A malformed, an oversized, a wrong-version and a truncated frame from an authenticated
+/// peer: each is refused and counted, the connection and the node stay up, and the node keeps
+/// gossiping with its peers. A connection whose first frame is garbage is closed.
+#[test]
+fn malformed_oversized_and_wrong_version_frames_are_refused_counted_and_the_node_stays_up() {
+    use levee_proto::{Hello, Message, encode_frame};
+    use levee_transport::TlsFiles;
+
+    let c = LocalClusterHandle::start();
+    let target = c.idx("eu-1");
+    let target_id = c.id(target).to_owned();
+    let addr: SocketAddr = c.node(target).gossip;
+    // A certificate of the cluster's CA for a prober that is no node of the replica list: the
+    // transport authenticates it, and nothing it sends can be mistaken for a real peer's.
+    let certs = c.dir().join("certs");
+    let prober = c.dir().join("prober");
+    std::fs::create_dir_all(&prober).expect("the prober's directory");
+    levee_transport::certs::issue(&certs, "prober", &prober).expect("issue the prober's cert");
+    let files = TlsFiles {
+        ca: certs.join(levee_transport::certs::CA_CERT_FILE),
+        cert: prober.join("prober.pem"),
+        key: prober.join("prober.key"),
+    };
+    let digest = levee_node::Config::load(&c.node(target).config)
+        .expect("the node's configuration")
+        .replicas
+        .digest();
+    let hello = encode_frame(&Message::Hello(Hello {
+        node: "prober".into(),
+        replica_digest: digest,
+        incarnation: now_ms(),
+    }))
+    .expect("encode the Hello");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let client_config =
+        levee_transport::tls::client_config(&files).expect("the prober's TLS configuration");
+    let endpoint = rt
+        .block_on(async { quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))) })
+        .expect("a QUIC client endpoint");
+
+    // Connect and say Hello; the node answers with its own.
+    let conn = rt.block_on(async {
+        let conn = endpoint
+            .connect_with(client_config.clone(), addr, &target_id)
+            .expect("dial the node")
+            .await
+            .expect("the TLS handshake with a cluster certificate succeeds");
+        send_uni(&conn, &hello).await.expect("send the Hello");
+        let mut theirs = tokio::time::timeout(Duration::from_secs(5), conn.accept_uni())
+            .await
+            .expect("the node's Hello in time")
+            .expect("the node's Hello stream");
+        let bytes = theirs
+            .read_to_end(1 << 16)
+            .await
+            .expect("read the node's Hello");
+        match levee_proto::decode_frame(&bytes).expect("the node's Hello decodes") {
+            Message::Hello(h) => assert_eq!(h.node, target_id),
+            other => panic!("the node opened with {other:?}"),
+        }
+        conn
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || metric(
+            &c.metrics(target),
+            "levee_transport_connections_total",
+            &[("peer", "prober"), ("direction", "inbound")]
+        )
+        .is_some_and(|v| v >= 1.0)),
+        "the node accepted the prober's Hello"
+    );
+
+    // The bad frames, one stream each; then a valid frame on the same connection.
+    let stops: Vec<(&str, Result<Option<u64>, String>)> = rt.block_on(async {
+        let mut out = Vec::new();
+        for (kind, frame) in bad_frames() {
+            out.push((kind, send_uni(&conn, &frame).await));
+        }
+        out
+    });
+    let after = rt.block_on(send_uni(&conn, &hello));
+    eprintln!(
+        "bad frames, how the node ended each stream: {stops:?}; a Hello after them: {after:?}"
+    );
+    assert!(
+        conn.close_reason().is_none(),
+        "the node kept the connection: {:?}",
+        conn.close_reason()
+    );
+    let refused = |kind: &str| {
+        metric(
+            &c.metrics(target),
+            "levee_frames_refused_total",
+            &[("kind", kind), ("peer", "prober")],
+        )
+        .unwrap_or(0.0)
+    };
+    let counted = wait_until(Duration::from_secs(5), || {
+        refused("version") >= 1.0
+            && refused("size") >= 1.0
+            && refused("corrupted") >= 2.0
+            && refused("truncated") >= 1.0
+    });
+    let text = c.metrics(target);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("levee_frames_refused_total") || l.contains("prober"))
+        .collect();
+    eprintln!("{}", lines.join("\n"));
+    assert!(
+        counted,
+        "every refused frame is counted by kind: version {}, size {}, corrupted {}, truncated {}",
+        refused("version"),
+        refused("size"),
+        refused("corrupted"),
+        refused("truncated")
+    );
+    // The valid frame sent after the refused ones was read: the connection still works.
+    assert!(
+        wait_until(Duration::from_secs(5), || metric(
+            &c.metrics(target),
+            "levee_transport_frames_received_total",
+            &[("peer", "prober")]
+        )
+        .is_some_and(|v| v >= 1.0)),
+        "the node still reads the prober's connection after refusing its frames"
+    );
+
+    // A connection whose first frame is garbage instead of a Hello is closed, and counted.
+    let hello_refused = |c: &LocalClusterHandle| {
+        metric(
+            &c.metrics(target),
+            "levee_transport_hello_refused_total",
+            &[("reason", "protocol")],
+        )
+        .unwrap_or(0.0)
+    };
+    let hello_refused_before = hello_refused(&c);
+    let closed = rt.block_on(async {
+        let conn = endpoint
+            .connect_with(client_config.clone(), addr, &target_id)
+            .expect("dial the node")
+            .await
+            .expect("the TLS handshake with a cluster certificate succeeds");
+        let _ = send_uni(&conn, &bad_frames()[2].1).await;
+        tokio::time::timeout(Duration::from_secs(5), conn.closed()).await
+    });
+    match closed {
+        Ok(quinn::ConnectionError::ApplicationClosed(close)) => assert_eq!(
+            close.error_code.into_inner(),
+            3,
+            "closed as `no valid Hello`: {close:?}"
+        ),
+        other => panic!("a connection opening with garbage is closed by the node: {other:?}"),
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || hello_refused(&c)
+            > hello_refused_before),
+        "the refused Hello is counted"
+    );
+
+    // The node still answers, still decides, and still gossips with every peer.
+    assert_eq!(c.get(target, "/healthz").status, 200);
+    c.admit(target, "durable", "after-bad-frames", 7);
+    let all: Vec<usize> = (0..c.len()).collect();
+    c.wait_agreement(
+        &all,
+        "durable",
+        "after-bad-frames",
+        Duration::from_secs(3),
+        |v| v.used == 7,
+    );
+    for _ in 0..5 {
+        c.wait_fully_connected(Duration::from_secs(2));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    rt.block_on(async {
+        conn.close(0u32.into(), b"done");
+        let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+    });
+}
