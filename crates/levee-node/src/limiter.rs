@@ -366,7 +366,10 @@ impl Limiter {
         class: Option<&str>,
         cost: u64,
     ) -> Result<Resolved<'a>, ApiError> {
-        let entry = rules.get(&format!("{field}rule"), rule)?;
+        let entry = rules
+            .by_name
+            .get(rule)
+            .ok_or_else(|| ApiError::unknown_rule(&format!("{field}rule"), rule))?;
         check_key(field, key)?;
         let target = entry
             .rule

@@ -167,10 +167,15 @@ fn main() -> ExitCode {
 fn serve(config: Option<PathBuf>, log_format: LogFormat, clock_offset_ms: i64) -> ExitCode {
     init_logging(log_format);
     let embedded = config.is_none();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = std::env::var("LEVEE_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
     {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
