@@ -141,6 +141,9 @@ impl<V: Lattice + Default + Clone> NodeMap<V> {
         let pos = match self.entries.binary_search_by_key(&node, |(n, _)| *n) {
             Ok(i) => i,
             Err(i) => {
+                // Grow one entry at a time: most keys have one or a few writers, and the
+                // default doubling would reserve four.
+                self.entries.reserve_exact(1);
                 self.entries.insert(i, (node, V::default()));
                 i
             }
@@ -254,6 +257,7 @@ impl TransferMatrix {
         {
             Ok(i) => self.cells[i].units.join(&cell.units),
             Err(i) => {
+                self.cells.reserve_exact(1);
                 self.cells.insert(i, cell);
                 true
             }
@@ -403,6 +407,7 @@ impl KeyCrdt {
             Some(i) => i,
             None => {
                 let i = self.slots.partition_point(|s| s.epoch < epoch);
+                self.slots.reserve_exact(1);
                 self.slots.insert(i, EpochSlot::new(epoch));
                 i
             }

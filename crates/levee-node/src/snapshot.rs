@@ -170,7 +170,7 @@ pub fn restore(limiter: &Limiter, data_dir: &Path) -> Result<usize, SnapshotErro
         if state.prune(target.algorithm, now) {
             continue;
         }
-        limiter.store().insert(id.into_boxed_slice(), state);
+        limiter.store().insert(id.into(), state);
         restored += 1;
     }
     Ok(restored)

@@ -73,7 +73,7 @@ impl KeyStates for NodeStates<'_> {
                 slot.state.take_delta(me)
             });
             if let Some(d) = delta {
-                out.push((id.into_vec(), d));
+                out.push((id.to_vec(), d));
             }
         }
         out

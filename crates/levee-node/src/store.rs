@@ -23,7 +23,8 @@ use levee_core::KeyState;
 use parking_lot::Mutex;
 
 /// The stored identity of a key: `rule \0 bucket key-bytes` (bucket 0xff: no class bucket).
-pub type KeyId = Box<[u8]>;
+/// Shared between the map and the eviction clock, so the bytes are stored once.
+pub type KeyId = Arc<[u8]>;
 
 pub use levee_proto::{NO_BUCKET, decode_id, encode_id};
 
@@ -139,17 +140,18 @@ impl Store {
         if self.map.len() >= self.max_keys {
             self.evict(self.map.len() + 1 - self.max_keys);
         }
+        let key: KeyId = id.into();
         let mut inserted = false;
         let slot = self
             .map
-            .entry(id.into())
+            .entry(Arc::clone(&key))
             .or_insert_with(|| {
                 inserted = true;
                 Arc::new(Mutex::new(Slot::default()))
             })
             .clone();
         if inserted {
-            self.clock.lock().push_back(id.into());
+            self.clock.lock().push_back(key);
         }
         slot
     }
