@@ -112,6 +112,8 @@ pub struct Cluster {
     sync_gen: u64,
     started: Millis,
     synced: bool,
+    /// When the last pull was asked for (re-asked while not synced: answers can be lost).
+    last_pull: Millis,
     refused: u64,
 }
 
@@ -132,6 +134,7 @@ impl Cluster {
             sync_gen: 0,
             started: now,
             synced: n == 1,
+            last_pull: now,
             refused: 0,
             cfg,
         };
@@ -238,6 +241,10 @@ impl Cluster {
                 self.last_sent[usize::from(peer.0)] = now;
             }
         }
+    }
+
+    fn pull_retry(&self) -> Millis {
+        (self.cfg.suspect_after / 2).max(self.cfg.gossip_interval)
     }
 
     /// A message from `from`.
@@ -363,6 +370,14 @@ impl Cluster {
         {
             // Nobody to pull from (the whole cluster is starting): start from what we have.
             self.synced = true;
+        }
+        if !self.synced && now.saturating_sub(self.last_pull) >= self.pull_retry() {
+            // The answers to our pull may have been lost (a peer's link to us was still
+            // backing off from our restart): ask again until one arrives whole.
+            self.last_pull = now;
+            for peer in self.peers() {
+                self.send(peer, Message::PullRequest, now);
+            }
         }
         if self.synced && self.cfg.consistency == Consistency::Strict {
             let view = self.view();

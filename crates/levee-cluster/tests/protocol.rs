@@ -22,6 +22,8 @@ struct Net {
     cut: Vec<Vec<bool>>,
     drop_every: Option<u64>,
     sent: u64,
+    /// Answers to pulls are lost until this time.
+    lose_pull_answers_until: u64,
 }
 
 fn replicas(regions: &[&str], per_region: usize) -> ReplicaSet {
@@ -78,6 +80,7 @@ impl Net {
             cut: vec![vec![false; n]; n],
             drop_every: None,
             sent: 0,
+            lose_pull_answers_until: 0,
         };
         net.flush();
         net
@@ -89,7 +92,12 @@ impl Net {
             while let Some(out) = self.nodes[from].0.poll_transmit() {
                 self.sent += 1;
                 let to = usize::from(out.to.0);
-                if self.cut[from][to] || self.drop_every.is_some_and(|k| self.sent % k == 0) {
+                let lost_answer = matches!(out.msg, Message::PullChunk { .. })
+                    && self.now < self.lose_pull_answers_until;
+                if self.cut[from][to]
+                    || lost_answer
+                    || self.drop_every.is_some_and(|k| self.sent % k == 0)
+                {
                     continue;
                 }
                 let frame = encode_frame(&out.msg).unwrap();
@@ -371,4 +379,36 @@ fn after_a_burst_in_one_region_a_day_quota_still_flows_to_the_others_demand() {
         late.0,
         late.1
     );
+}
+
+#[test]
+fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
+    net.run(100);
+    for _ in 0..25 {
+        net.decide(1, "acme");
+    }
+    net.run(2 * TICK);
+    let cfg = ClusterConfig {
+        me: NodeIdx(0),
+        replicas: net.replicas.clone(),
+        consistency: Consistency::Strict,
+        gossip_interval: TICK,
+        suspect_after: 300,
+        anti_entropy_interval: 200,
+    };
+    net.nodes[0].0 = Cluster::new(cfg, net.now);
+    net.nodes[0].1.clear();
+    // The peer hears the restarted node and answers its pull, but the answer is lost (its
+    // link was still backing off); heartbeats get through, so nothing looks wrong.
+    net.lose_pull_answers_until = net.now + 200;
+    net.flush();
+    net.run(250);
+    assert!(!net.nodes[0].0.is_synced());
+    net.run(400);
+    assert!(
+        net.nodes[0].0.is_synced(),
+        "the pull was asked again and answered"
+    );
+    assert_eq!(net.nodes[0].1.usage("r", "acme", net.now).unwrap().used, 25);
 }
