@@ -34,7 +34,9 @@ pub mod ring;
 
 use std::collections::VecDeque;
 
-use levee_core::{ClusterView, Consistency, KeyCrdt, Millis, NodeIdx, RegionIdx, ReplicaSet};
+use levee_core::{
+    ClusterView, Consistency, KeyCrdt, Millis, NodeIdx, RegionIdx, RegionMask, ReplicaSet,
+};
 use levee_proto::{DeltaBatch, Digest, KeyState as WireKey, Message};
 
 use membership::{Change, Membership};
@@ -114,7 +116,13 @@ pub struct Cluster {
     synced: bool,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
+    /// Peers that answered our pull saying they are recovering too.
+    deferred: Vec<bool>,
+    /// Regions heard from since `sync_gen` last advanced.
+    heard: RegionMask,
     refused: u64,
+    /// Peers heard again, to be sent our whole state.
+    push_on_up: Vec<NodeIdx>,
 }
 
 impl Cluster {
@@ -135,7 +143,10 @@ impl Cluster {
             started: now,
             synced: n == 1,
             last_pull: now,
+            deferred: vec![false; n],
+            heard: RegionMask::EMPTY,
             refused: 0,
+            push_on_up: Vec::new(),
             cfg,
         };
         for peer in c.peers() {
@@ -232,12 +243,13 @@ impl Cluster {
         self.rings = Rings::new(&self.cfg.replicas, |n| m.is_reachable(n));
         for c in changes {
             if let Change::Up(peer) = c {
-                // Heard again after a silence (or for the first time): compare everything now,
-                // so a healed partition converges within a few round trips.
+                // Heard again after a silence (or for the first time): ask for its state, and
+                // push ours, so a healed partition converges within a round trip.
                 self.out.push_back(Outgoing {
                     to: peer,
                     msg: Message::PullRequest,
                 });
+                self.push_on_up.push(peer);
                 self.last_sent[usize::from(peer.0)] = now;
             }
         }
@@ -262,10 +274,20 @@ impl Cluster {
         if let Some(change) = self.membership.heard(from, now) {
             self.apply(vec![change], now);
         }
+        self.heard = self.heard.with(self.cfg.replicas.region_of(from));
+        for peer in std::mem::take(&mut self.push_on_up) {
+            self.push_all(peer, now, store, |_| true, false);
+        }
         match msg {
             Message::Hello(_) => {}
             Message::Deltas(batch) => self.merge_batch(&batch, now, store),
-            Message::PullRequest => self.push_all(from, now, store, |_| true, true),
+            // A recovering node sends what it has but cannot vouch that it is complete.
+            Message::PullRequest if self.synced => self.push_all(from, now, store, |_| true, true),
+            Message::PullRequest => {
+                self.push_all(from, now, store, |_| true, false);
+                self.send(from, Message::PullDeferred, now);
+            }
+            Message::PullDeferred => self.deferred[usize::from(from.0)] = true,
             Message::PullChunk { batch, done } => {
                 self.merge_batch(&batch, now, store);
                 if done {
@@ -364,12 +386,17 @@ impl Cluster {
     pub fn handle_tick(&mut self, now: Millis, store: &mut dyn KeyStates) {
         let changes = self.membership.refresh(now);
         self.apply(changes, now);
-        if !self.synced
-            && now.saturating_sub(self.started) >= self.cfg.suspect_after
-            && !self.membership.any_peer_reachable()
-        {
-            // Nobody to pull from (the whole cluster is starting): start from what we have.
-            self.synced = true;
+        if !self.synced && now.saturating_sub(self.started) >= self.cfg.suspect_after {
+            // Nobody can vouch for a complete state — no peer is reachable, or every reachable
+            // one is recovering too (the whole cluster is starting): start from what we have.
+            let m = &self.membership;
+            let all_deferred = self
+                .peers()
+                .iter()
+                .all(|&p| !m.is_reachable(p) || self.deferred[usize::from(p.0)]);
+            if all_deferred {
+                self.synced = true;
+            }
         }
         if !self.synced && now.saturating_sub(self.last_pull) >= self.pull_retry() {
             // The answers to our pull may have been lost (a peer's link to us was still
@@ -440,7 +467,19 @@ impl Cluster {
                 self.send(to, Message::Digest(d), now);
             }
         }
-        self.sync_gen += 1;
+        // A sync is complete when every reachable region has been heard from since the last
+        // one: the optimistic allowance is taken against a view that includes them all.
+        let mine = self.cfg.replicas.region_of(self.cfg.me);
+        let unreachable = self.membership.unreachable_regions(&self.cfg.replicas);
+        let complete = self
+            .cfg
+            .replicas
+            .regions()
+            .all(|r| r == mine || unreachable.contains(r) || self.heard.contains(r));
+        if complete {
+            self.sync_gen += 1;
+            self.heard = RegionMask::EMPTY;
+        }
     }
 }
 

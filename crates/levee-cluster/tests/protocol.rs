@@ -135,6 +135,13 @@ impl Net {
         }
     }
 
+    /// Lets a freshly started cluster sync: every node is recovering, so each answers the
+    /// others' pulls with `PullDeferred`, and they start from what they have once
+    /// `suspect_after` (300 ms here) has passed.
+    fn start(&mut self) {
+        self.run(400);
+    }
+
     fn decide(&mut self, node: usize, key: &str) -> bool {
         let view = self.nodes[node].0.view();
         self.nodes[node]
@@ -156,7 +163,7 @@ impl Net {
 fn a_new_cluster_syncs_and_every_node_sees_every_region() {
     let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 100, Consistency::Strict);
     assert!(!net.nodes[0].0.is_synced());
-    net.run(100);
+    net.start();
     for (cluster, _) in &net.nodes {
         assert!(cluster.is_synced());
         assert!(cluster.view().unreachable.is_empty());
@@ -167,7 +174,7 @@ fn a_new_cluster_syncs_and_every_node_sees_every_region() {
 #[test]
 fn deltas_make_every_view_of_a_key_agree() {
     let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 1_000, Consistency::Strict);
-    net.run(100);
+    net.start();
     for i in 0..30 {
         net.decide(i % 6, "acme");
     }
@@ -183,7 +190,7 @@ fn deltas_make_every_view_of_a_key_agree() {
 #[test]
 fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
     let mut net = Net::new(replicas(&["eu"], 3), 100, Consistency::Strict);
-    net.run(100);
+    net.start();
     let key = (0..100)
         .map(|i| format!("k{i}"))
         .find(|k| net.nodes[0].0.owner(k.as_bytes()) == NodeIdx(1))
@@ -206,7 +213,7 @@ fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
 #[test]
 fn a_cut_off_region_is_unreachable_and_views_agree_after_the_heal() {
     let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), 300, Consistency::Strict);
-    net.run(100);
+    net.start();
     net.isolate(2, true);
     net.run(400);
     let view = net.nodes[0].0.view();
@@ -220,7 +227,7 @@ fn a_cut_off_region_is_unreachable_and_views_agree_after_the_heal() {
         net.decide(0, "acme");
         net.decide(2, "acme");
     }
-    net.run(100);
+    net.start();
     net.isolate(2, false);
     // Within a few round trips of the heal every view agrees.
     net.run(300 + 2 * TICK);
@@ -231,8 +238,10 @@ fn a_cut_off_region_is_unreachable_and_views_agree_after_the_heal() {
 
 #[test]
 fn anti_entropy_repairs_deltas_that_were_lost() {
-    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
-    net.run(100);
+    // A minute's window, so the check below reads the same window as the decisions.
+    let rule = RuleSpec::fixed_window("r", 1_000, 60_000).validate().unwrap();
+    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule, Consistency::Strict);
+    net.start();
     net.isolate(1, true);
     for _ in 0..10 {
         net.decide(0, "quiet");
@@ -251,7 +260,7 @@ fn anti_entropy_repairs_deltas_that_were_lost() {
 #[test]
 fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
     let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
-    net.run(100);
+    net.start();
     for _ in 0..40 {
         net.decide(0, "acme");
     }
@@ -290,7 +299,7 @@ proptest! {
     ) {
         let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), limit, Consistency::Strict);
         net.drop_every = Some(drop_every);
-        net.run(100);
+        net.start();
         let mut admitted = std::collections::BTreeMap::<u64, u64>::new();
         for (node, action) in plan {
             match action {
@@ -353,7 +362,7 @@ fn after_a_burst_in_one_region_a_day_quota_still_flows_to_the_others_demand() {
         .validate()
         .unwrap();
     let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule, Consistency::Strict);
-    net.run(100);
+    net.start();
     let (eu, us) = (1, 2);
     for _ in 0..40 {
         for _ in 0..5 {
@@ -383,8 +392,9 @@ fn after_a_burst_in_one_region_a_day_quota_still_flows_to_the_others_demand() {
 
 #[test]
 fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
-    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
-    net.run(100);
+    let rule = RuleSpec::fixed_window("r", 1_000, 60_000).validate().unwrap();
+    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule, Consistency::Strict);
+    net.start();
     for _ in 0..25 {
         net.decide(1, "acme");
     }

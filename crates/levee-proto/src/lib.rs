@@ -149,6 +149,9 @@ pub enum Message {
         /// Whether this is the last chunk.
         done: bool,
     },
+    /// The answer to a pull from a node that is itself recovering: it cannot vouch for a
+    /// complete state (the keys it has come as `Deltas` beside this).
+    PullDeferred,
     /// Checks forwarded to this node as the owner of their keys.
     Forward {
         /// Correlates the reply.

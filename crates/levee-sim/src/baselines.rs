@@ -1,0 +1,318 @@
+//! The three anchors of the accuracy figure, run over the same plans as Levee.
+//!
+//! They model regions, not nodes (a region answers while any of its nodes is up), use the
+//! same network (latency, jitter, loss, cuts; no duplication: they would run over TCP) and
+//! count windows by simulated time.
+//!
+//! * **Static split**: each region enforces its part of the limit (the same integer split
+//!   Levee's escrow starts from) and never talks to the others.
+//! * **Central counter**: one exact counter per key in the key's home region. A request from
+//!   another region travels there and back; it fails if either leg is lost or cut (the
+//!   counter may have counted it: the answer was lost). Counted in the home's window at
+//!   arrival.
+//! * **Shared counter without shares** (Gubernator's `GLOBAL` behaviour): a region answers
+//!   from its cached view of the key (the owner's last broadcast, plus its own hits since)
+//!   and queues every hit; every sync interval (the same 20 ms as Levee's gossip) queued hits
+//!   go to the key's owner region, which adds them to its counter (saturating at the limit)
+//!   and broadcasts the new count to every region, whose cache it replaces. Hits or
+//!   broadcasts lost on the way are not resent. A new window starts every cache afresh.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::heal::HealFigure;
+use crate::ledger::Ledger;
+use crate::net::SimNet;
+use crate::plan::{FaultKind, NetParams, RunPlan, T0, WINDOW_MS};
+use crate::rng::SimRng;
+
+/// Region liveness and links, replayed from the plan's faults.
+struct World<'p, P> {
+    plan: &'p RunPlan,
+    up: Vec<bool>,
+    region_of: Vec<usize>,
+    net: SimNet<P>,
+    next_fault: usize,
+}
+
+impl<'p, P: Clone> World<'p, P> {
+    fn new(plan: &'p RunPlan, stream: &str) -> Self {
+        let regions = plan.topology.regions();
+        // The baselines talk over a reliable transport (TCP, gRPC): a duplicated packet
+        // never reaches them twice.
+        let params = NetParams {
+            duplicate: 0.0,
+            ..plan.net.clone()
+        };
+        World {
+            plan,
+            up: vec![true; plan.topology.nodes()],
+            region_of: plan.topology.region_of(),
+            net: SimNet::new(
+                &plan.topology,
+                params,
+                (0..regions).collect(),
+                SimRng::stream(plan.seed, stream),
+            ),
+            next_fault: 0,
+        }
+    }
+
+    fn advance(&mut self, now: u64) {
+        while self.next_fault < self.plan.faults.len()
+            && self.plan.faults[self.next_fault].at <= now
+        {
+            match self.plan.faults[self.next_fault].kind {
+                FaultKind::Cut { from, to } => self.net.set_cut(from, to, true),
+                FaultKind::Mend { from, to } => self.net.set_cut(from, to, false),
+                FaultKind::Crash { node } => self.up[node] = false,
+                FaultKind::Restart { node, .. } => self.up[node] = true,
+            }
+            self.next_fault += 1;
+        }
+    }
+
+    fn region_up(&self, r: usize) -> bool {
+        self.region_of
+            .iter()
+            .zip(&self.up)
+            .any(|(&reg, &up)| reg == r && up)
+    }
+}
+
+fn window(now: u64) -> u64 {
+    (T0 + now) / WINDOW_MS
+}
+
+/// Each region enforces its static part of the limit alone.
+pub fn run_static_split(plan: &RunPlan) -> Ledger {
+    let regions = plan.topology.regions();
+    let limits = plan.region_limits();
+    let mut world: World<'_, ()> = World::new(plan, "static");
+    let mut ledger = Ledger::new(regions);
+    let mut used: HashMap<(u32, u64, usize), u64> = HashMap::new();
+    for r in &plan.requests {
+        world.advance(r.at);
+        let region = r.region as usize;
+        let w = window(r.at);
+        ledger.demand(r.key, w, region);
+        if !world.region_up(region) {
+            continue;
+        }
+        let u = used.entry((r.key, w, region)).or_default();
+        if *u < limits[region] {
+            *u += 1;
+            ledger.admit(r.key, w, region, region);
+        }
+    }
+    ledger
+}
+
+#[derive(Debug, Clone, Copy)]
+enum CentralMsg {
+    Ask {
+        key: u32,
+        region: usize,
+    },
+    Answer {
+        key: u32,
+        window: u64,
+        allowed: bool,
+    },
+}
+
+/// One exact counter per key at its home region.
+pub fn run_central(plan: &RunPlan) -> Ledger {
+    let regions = plan.topology.regions();
+    let mut world: World<'_, CentralMsg> = World::new(plan, "central");
+    let mut ledger = Ledger::new(regions);
+    let mut count: HashMap<(u32, u64), u64> = HashMap::new();
+    let decide = |count: &mut HashMap<(u32, u64), u64>, key: u32, w: u64| {
+        let c = count.entry((key, w)).or_default();
+        let allowed = *c < plan.limit;
+        if allowed {
+            *c += 1;
+        }
+        allowed
+    };
+    let mut next = 0;
+    for now in 0..plan.duration_ms {
+        world.advance(now);
+        while let Some(m) = world.net.pop_due(now) {
+            match m.payload {
+                CentralMsg::Ask { key, region } => {
+                    let home = m.to;
+                    if !world.region_up(home) {
+                        continue;
+                    }
+                    let w = window(now);
+                    let allowed = decide(&mut count, key, w);
+                    world.net.send(
+                        now,
+                        home,
+                        region,
+                        0,
+                        CentralMsg::Answer {
+                            key,
+                            window: w,
+                            allowed,
+                        },
+                    );
+                }
+                CentralMsg::Answer {
+                    key,
+                    window: w,
+                    allowed,
+                } => {
+                    if allowed && world.region_up(m.to) {
+                        ledger.admit(key, w, m.to, m.to);
+                    }
+                }
+            }
+        }
+        while next < plan.requests.len() && plan.requests[next].at <= now {
+            let r = plan.requests[next];
+            next += 1;
+            let region = r.region as usize;
+            let w = window(now);
+            ledger.demand(r.key, w, region);
+            if !world.region_up(region) {
+                continue;
+            }
+            let home = plan.home_region(r.key);
+            if home == region {
+                if decide(&mut count, r.key, w) {
+                    ledger.admit(r.key, w, region, region);
+                }
+            } else {
+                world
+                    .net
+                    .send(now, region, home, 0, CentralMsg::Ask { key: r.key, region });
+            }
+        }
+    }
+    ledger
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SharedMsg {
+    Hits { key: u32, window: u64, hits: u64 },
+    Status { key: u32, window: u64, used: u64 },
+}
+
+/// Gubernator's `GLOBAL` behaviour: answer from a local cache, send hits asynchronously.
+pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
+    let regions = plan.topology.regions();
+    let mut world: World<'_, SharedMsg> = World::new(plan, "shared");
+    let mut ledger = Ledger::new(regions);
+    // The owner's counters, and the keys changed since its last broadcast.
+    let mut count: HashMap<(u32, u64), u64> = HashMap::new();
+    let mut dirty: BTreeSet<u32> = BTreeSet::new();
+    // Each region's cached view of a key: (window, used).
+    let mut cache: HashMap<(usize, u32), (u64, u64)> = HashMap::new();
+    // Hits queued at each region: (region, key, window) -> hits.
+    let mut pending: BTreeMap<(usize, u32, u64), u64> = BTreeMap::new();
+    let sync = plan.protocol.gossip_interval;
+    let mut watches: Vec<HealFigure> = Vec::new();
+    let mut next = 0;
+    for now in 0..plan.duration_ms {
+        world.advance(now);
+        if plan.probe.is_some() {
+            for ep in plan.episodes.iter().filter(|e| e.heal == now) {
+                watches.push(HealFigure::new(plan, ep));
+            }
+        }
+        let w_now = window(now);
+        while let Some(m) = world.net.pop_due(now) {
+            if !world.region_up(m.to) {
+                continue;
+            }
+            match m.payload {
+                SharedMsg::Hits { key, window, hits } => {
+                    let c = count.entry((key, window)).or_default();
+                    *c = (*c + hits).min(plan.limit);
+                    dirty.insert(key);
+                }
+                SharedMsg::Status { key, window, used } => {
+                    let c = cache.entry((m.to, key)).or_insert((window, 0));
+                    if window >= c.0 {
+                        *c = (window, used);
+                    }
+                }
+            }
+        }
+        if now % sync == 0 {
+            for ((region, key, window), hits) in std::mem::take(&mut pending) {
+                let home = plan.home_region(key);
+                world
+                    .net
+                    .send(now, region, home, 0, SharedMsg::Hits { key, window, hits });
+            }
+            for key in std::mem::take(&mut dirty) {
+                let home = plan.home_region(key);
+                let used = count.get(&(key, w_now)).copied().unwrap_or(0);
+                for r in (0..regions).filter(|&r| r != home) {
+                    world.net.send(
+                        now,
+                        home,
+                        r,
+                        0,
+                        SharedMsg::Status {
+                            key,
+                            window: w_now,
+                            used,
+                        },
+                    );
+                }
+            }
+        }
+        while next < plan.requests.len() && plan.requests[next].at <= now {
+            let r = plan.requests[next];
+            next += 1;
+            let region = r.region as usize;
+            ledger.demand(r.key, w_now, region);
+            if !world.region_up(region) {
+                continue;
+            }
+            let home = plan.home_region(r.key);
+            if home == region {
+                let c = count.entry((r.key, w_now)).or_default();
+                if *c < plan.limit {
+                    *c += 1;
+                    dirty.insert(r.key);
+                    ledger.admit(r.key, w_now, region, region);
+                }
+            } else {
+                let c = cache.entry((region, r.key)).or_insert((w_now, 0));
+                if c.0 != w_now {
+                    *c = (w_now, 0);
+                }
+                if c.1 < plan.limit {
+                    c.1 += 1;
+                    ledger.admit(r.key, w_now, region, region);
+                }
+                *pending.entry((region, r.key, w_now)).or_default() += 1;
+            }
+        }
+        if let Some(probe) = plan.probe {
+            for h in watches.iter_mut().filter(|h| h.equal_ms.is_none()) {
+                let home = plan.home_region(probe);
+                let view = |r: usize| {
+                    if r == home {
+                        count.get(&(probe, w_now)).copied().unwrap_or(0)
+                    } else {
+                        cache
+                            .get(&(r, probe))
+                            .filter(|c| c.0 == w_now)
+                            .map_or(0, |c| c.1)
+                    }
+                };
+                let first = view(0);
+                if (1..regions).all(|r| view(r) == first) {
+                    h.equal_ms = Some(now - h.heal_at);
+                    h.dominate_ms = h.equal_ms;
+                }
+            }
+        }
+    }
+    (ledger, watches)
+}

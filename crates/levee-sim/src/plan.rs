@@ -1,0 +1,302 @@
+//! What one run is: the regions and nodes, the network, the clocks, the faults and the demand.
+//!
+//! A [`RunPlan`] is plain data, drawn from a seed by [`crate::Scenario::plan`] (or built by
+//! the accuracy table), and every policy of a run is driven by the same plan: the same
+//! requests at the same times, the same cuts and crashes.
+
+use levee_core::{ReplicaSet, ReplicaSpec};
+
+use crate::scenario::Scenario;
+
+/// Simulated time 0, in Unix milliseconds: a node's clock reads `T0 + sim time + offset`.
+/// Aligned to every window, and far from zero so that negative offsets stay valid.
+pub const T0: u64 = 1_800_000_000_000;
+
+/// The window of the rule every run enforces (`fixed_window`, 1 s, aligned to the epoch).
+pub const WINDOW_MS: u64 = 1_000;
+
+/// The rule's name.
+pub const RULE: &str = "r";
+
+/// The most regions a plan may have (per-region figures are kept in fixed arrays).
+pub const MAX_REGIONS: usize = 8;
+
+/// Regions, nodes and the latency between regions.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    /// Nodes in each region; nodes are numbered region by region.
+    pub nodes_per_region: Vec<usize>,
+    /// Each region's weight (its static share is its weight over the sum).
+    pub weights: Vec<u32>,
+    /// One-way delay from region `a` to region `b`, in ms (`[a][a]`: inside a region).
+    pub one_way_ms: Vec<Vec<u64>>,
+}
+
+impl Topology {
+    /// Number of regions.
+    pub fn regions(&self) -> usize {
+        self.nodes_per_region.len()
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes_per_region.iter().sum()
+    }
+
+    /// The region of every node, by node index.
+    pub fn region_of(&self) -> Vec<usize> {
+        self.nodes_per_region
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &n)| std::iter::repeat_n(r, n))
+            .collect()
+    }
+
+    /// The nodes of every region, by region index.
+    pub fn members(&self) -> Vec<Vec<usize>> {
+        let mut out = vec![Vec::new(); self.regions()];
+        for (n, r) in self.region_of().into_iter().enumerate() {
+            out[r].push(n);
+        }
+        out
+    }
+
+    /// The agreed replica set: regions `r0`, `r1` … (so that the core's region order, by
+    /// name, is the plan's), nodes `r<i>-n<j>` in plan order.
+    pub fn replica_set(&self) -> ReplicaSet {
+        let weights: Vec<(String, u32)> = self
+            .weights
+            .iter()
+            .enumerate()
+            .map(|(r, &w)| (format!("r{r}"), w))
+            .collect();
+        let nodes: Vec<ReplicaSpec> = self
+            .nodes_per_region
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &n)| {
+                (0..n).map(move |j| ReplicaSpec {
+                    id: format!("r{r}-n{j}"),
+                    region: format!("r{r}"),
+                    weight: None,
+                })
+            })
+            .collect();
+        ReplicaSet::new(&weights, &nodes).expect("plans build valid replica sets")
+    }
+
+    /// Round-trip time between two regions, in ms.
+    pub fn rtt(&self, a: usize, b: usize) -> u64 {
+        self.one_way_ms[a][b] + self.one_way_ms[b][a]
+    }
+}
+
+/// How the network misbehaves, on every link.
+#[derive(Debug, Clone, Default)]
+pub struct NetParams {
+    /// Extra delay drawn uniformly from `0..=jitter_ms` for every message.
+    pub jitter_ms: u64,
+    /// Probability that a message is lost.
+    pub loss: f64,
+    /// Probability that a message is delivered twice (with independent delays).
+    pub duplicate: f64,
+    /// Probability that a message is held back by up to `reorder_ms` more, so that later
+    /// messages overtake it.
+    pub reorder: f64,
+    /// The most a reordered message is held back, in ms.
+    pub reorder_ms: u64,
+}
+
+/// The protocol's timers, as a node's configuration sets them.
+#[derive(Debug, Clone, Copy)]
+pub struct ProtocolParams {
+    /// How often deltas are sent (production default 20 ms).
+    pub gossip_interval: u64,
+    /// A peer not heard from within this is unreachable (production default 1 s).
+    pub suspect_after: u64,
+    /// How often a node sends one peer a digest (production: 1 s).
+    pub anti_entropy_interval: u64,
+    /// The largest difference between two nodes' clocks (production default 500 ms).
+    pub max_clock_skew: u64,
+}
+
+impl Default for ProtocolParams {
+    fn default() -> Self {
+        ProtocolParams {
+            gossip_interval: 20,
+            suspect_after: 1_000,
+            anti_entropy_interval: 1_000,
+            max_clock_skew: 500,
+        }
+    }
+}
+
+/// One change to the world at a point of simulated time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Messages from region `from` to region `to` are dropped (also those already on the
+    /// wire when they arrive).
+    Cut {
+        /// Sending region.
+        from: usize,
+        /// Receiving region.
+        to: usize,
+    },
+    /// The link from `from` to `to` carries messages again.
+    Mend {
+        /// Sending region.
+        from: usize,
+        /// Receiving region.
+        to: usize,
+    },
+    /// A node stops and loses every key state it held.
+    Crash {
+        /// The node.
+        node: usize,
+    },
+    /// A crashed node starts again, empty, and pulls the cluster's state.
+    Restart {
+        /// The node.
+        node: usize,
+        /// Its clock offset after the restart, in ms.
+        offset: i64,
+    },
+}
+
+/// A fault at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// Simulated time, ms.
+    pub at: u64,
+    /// What happens.
+    pub kind: FaultKind,
+}
+
+/// The shape of a partition, for the checks that depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpisodeKind {
+    /// One region cut off from every other, both ways.
+    Isolated,
+    /// Every region cut off from every other, both ways.
+    FullSplit,
+    /// Some links cut in one direction only.
+    OneWay,
+    /// A link that goes down and up repeatedly.
+    Flapping,
+}
+
+/// A partition from its first cut to its heal.
+#[derive(Debug, Clone)]
+pub struct Episode {
+    /// Its shape.
+    pub kind: EpisodeKind,
+    /// When the first link was cut (sim ms).
+    pub start: u64,
+    /// When the last link was mended (sim ms).
+    pub heal: u64,
+    /// When the last down period began (the start, unless the link flapped).
+    pub last_down: u64,
+    /// The directed region pairs cut (at some point) during the episode.
+    pub cut: Vec<(usize, usize)>,
+    /// For symmetric partitions, the sides: regions that can reach each other.
+    pub sides: Vec<Vec<usize>>,
+}
+
+/// One request: a check of cost 1 for a key, arriving at a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Simulated time, ms.
+    pub at: u64,
+    /// The region it arrives at.
+    pub region: u16,
+    /// Index into [`RunPlan::keys`].
+    pub key: u32,
+}
+
+/// Everything one run needs.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The seed the plan was drawn from (also seeds the network's randomness).
+    pub seed: u64,
+    /// The scenario it belongs to.
+    pub scenario: Scenario,
+    /// Regions, nodes, latencies.
+    pub topology: Topology,
+    /// Loss, jitter, duplication, reordering.
+    pub net: NetParams,
+    /// The protocol's timers.
+    pub protocol: ProtocolParams,
+    /// The rule's limit per window.
+    pub limit: u64,
+    /// How long the run lasts, ms.
+    pub duration_ms: u64,
+    /// Every node's clock offset at the start, ms.
+    pub offsets: Vec<i64>,
+    /// Cuts, mends, crashes and restarts, by time.
+    pub faults: Vec<Fault>,
+    /// The partitions, for the checks.
+    pub episodes: Vec<Episode>,
+    /// Key names; requests name keys by index.
+    pub keys: Vec<String>,
+    /// The key that sees demand only while a partition lasts, to time agreement after the
+    /// heal.
+    pub probe: Option<u32>,
+    /// The requests, by time.
+    pub requests: Vec<Request>,
+}
+
+impl RunPlan {
+    /// Each region's part of the limit: the sum of its nodes' integer splits, exactly as the
+    /// core computes them (the parts sum to the limit).
+    pub fn region_limits(&self) -> Vec<u64> {
+        let split = self.topology.replica_set().split(self.limit);
+        let mut out = vec![0; self.topology.regions()];
+        for (n, r) in self.topology.region_of().into_iter().enumerate() {
+            out[r] += split[n];
+        }
+        out
+    }
+
+    /// The largest absolute clock offset any node has during the run.
+    pub fn max_offset(&self) -> i64 {
+        let restarts = self.faults.iter().filter_map(|f| match f.kind {
+            FaultKind::Restart { offset, .. } => Some(offset.abs()),
+            _ => None,
+        });
+        self.offsets
+            .iter()
+            .map(|o| o.abs())
+            .chain(restarts)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether any node crashes in this run.
+    pub fn has_crashes(&self) -> bool {
+        self.faults
+            .iter()
+            .any(|f| matches!(f.kind, FaultKind::Crash { .. }))
+    }
+
+    /// The key's home region for the central counter and the shared counter: a stable hash
+    /// of the key's bytes.
+    pub fn home_region(&self, key: u32) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.keys[key as usize].bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (h % self.topology.regions() as u64) as usize
+    }
+
+    /// The first window (relative to T0) whose utilisation counts: the third, so that start
+    /// up (sync, first forecasts) is left out, as the design's figure says.
+    pub fn first_counted_window(&self) -> u64 {
+        T0 / WINDOW_MS + 2
+    }
+
+    /// The last window that lies wholly inside the run.
+    pub fn last_full_window(&self) -> u64 {
+        (T0 + self.duration_ms) / WINDOW_MS - 1
+    }
+}

@@ -1,0 +1,535 @@
+//! Figures over many runs, folded as runs finish (so that memory stays flat), and printed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::checks::{Policy, ViolationKind};
+use crate::heal::HealFigure;
+use crate::outcome::{RunOutcome, overshoot, restart_overshoot, utilisation};
+use crate::plan::RunPlan;
+use crate::scenario::Scenario;
+
+/// Example runs kept per kind of violation.
+const EXAMPLES: usize = 5;
+
+/// A distribution of ratios, kept to 1/10,000.
+#[derive(Debug, Clone, Default)]
+pub struct Histogram {
+    counts: BTreeMap<u32, u64>,
+    n: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    /// Adds a value.
+    pub fn add(&mut self, v: f64) {
+        let b = (v * 10_000.0).round().clamp(0.0, f64::from(u32::MAX)) as u32;
+        *self.counts.entry(b).or_default() += 1;
+        self.n += 1;
+        self.sum += v;
+    }
+
+    /// Adds every value of another histogram.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (&b, &c) in &other.counts {
+            *self.counts.entry(b).or_default() += c;
+        }
+        self.n += other.n;
+        self.sum += other.sum;
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    /// Whether it holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The mean.
+    pub fn mean(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            self.sum / self.n as f64
+        }
+    }
+
+    /// The value at quantile `q` (0 = lowest, 1 = highest).
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.n == 0 {
+            return 0.0;
+        }
+        let rank = ((self.n - 1) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (&b, &c) in &self.counts {
+            seen += c;
+            if seen > rank {
+                return f64::from(b) / 10_000.0;
+            }
+        }
+        0.0
+    }
+
+    /// The highest value.
+    pub fn max(&self) -> f64 {
+        self.counts
+            .keys()
+            .next_back()
+            .map_or(0.0, |&b| f64::from(b) / 10_000.0)
+    }
+
+    /// The lowest value.
+    pub fn min(&self) -> f64 {
+        self.counts
+            .keys()
+            .next()
+            .map_or(0.0, |&b| f64::from(b) / 10_000.0)
+    }
+}
+
+/// A run with a violation: (seed, scenario, the violation's figures).
+pub type Example = (u64, Scenario, String);
+
+/// A value and the run it came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Witness {
+    /// The value.
+    pub value: f64,
+    /// The run's seed.
+    pub seed: u64,
+    /// The run's scenario.
+    pub scenario: Scenario,
+}
+
+fn keep_max(slot: &mut Option<Witness>, w: Witness) {
+    if slot.is_none_or(|s| w.value > s.value || (w.value == s.value && w.seed < s.seed)) {
+        *slot = Some(w);
+    }
+}
+
+fn keep_min(slot: &mut Option<Witness>, w: Witness) {
+    if slot.is_none_or(|s| w.value < s.value || (w.value == s.value && w.seed < s.seed)) {
+        *slot = Some(w);
+    }
+}
+
+/// One policy's figures over many runs.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyStats {
+    /// admitted/limit of every window whose demand reached the limit.
+    pub overshoot: Histogram,
+    /// Windows admitted above the limit.
+    pub over_limit: u64,
+    /// The worst window.
+    pub worst: Option<Witness>,
+    /// Utilisation of each run without partitions or crashes, against the central counter.
+    pub utilisation: Histogram,
+    /// The same, by scenario.
+    pub utilisation_by_scenario: BTreeMap<Scenario, Histogram>,
+    /// The lowest utilisation of a single window (from the third on).
+    pub worst_window: Option<Witness>,
+    /// Agreement after heals.
+    pub heals: Vec<HealFigure>,
+}
+
+/// A run that failed, with the command that replays it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Every violation, as text.
+    pub violations: Vec<String>,
+    /// The replay command.
+    pub replay: String,
+}
+
+/// Figures over many runs.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Runs folded in.
+    pub runs: u64,
+    /// Per policy.
+    pub policies: BTreeMap<Policy, PolicyStats>,
+    /// Violations by kind and policy.
+    pub violations: BTreeMap<(ViolationKind, Policy), u64>,
+    /// Runs with at least one violation.
+    pub failures: Vec<Failure>,
+    /// For every kind of violation and policy, the first few runs (lowest seeds) with one:
+    /// (seed, scenario, the violation).
+    pub examples: BTreeMap<(ViolationKind, Policy), Vec<Example>>,
+    /// Strict windows above the limit by no more than what crashes forgot: (count, largest
+    /// excess in tokens, the run).
+    pub restart_windows: u64,
+    /// The largest such excess.
+    pub restart_excess: Option<Witness>,
+    /// Optimistic mode: (admitted − limit) / limit of the windows above the limit, beside
+    /// the in-flight amount that bounds it.
+    pub optimistic_excess: Histogram,
+    /// Optimistic mode: in flight / limit at those windows.
+    pub optimistic_in_flight: Histogram,
+}
+
+impl Summary {
+    /// Folds one run in.
+    pub fn add(&mut self, plan: &RunPlan, outcome: &RunOutcome) {
+        self.runs += 1;
+        let quiet = !plan.scenario.partitions() && !plan.has_crashes();
+        let central = outcome.run(Policy::Central);
+        for run in &outcome.runs {
+            let stats = self.policies.entry(run.policy).or_default();
+            let witness = |value| Witness {
+                value,
+                seed: outcome.seed,
+                scenario: outcome.scenario,
+            };
+            for r in overshoot(plan, run) {
+                stats.overshoot.add(r);
+                if r > 1.0 {
+                    stats.over_limit += 1;
+                }
+                keep_max(&mut stats.worst, witness(r));
+            }
+            if quiet && let Some(c) = central {
+                if let Some((u, min_w)) = utilisation(plan, run, c) {
+                    stats.utilisation.add(u);
+                    stats
+                        .utilisation_by_scenario
+                        .entry(plan.scenario)
+                        .or_default()
+                        .add(u);
+                    keep_min(&mut stats.worst_window, witness(min_w));
+                }
+            }
+            stats.heals.extend(run.heals.iter().copied());
+            if run.policy == Policy::Strict {
+                let (count, max) = restart_overshoot(plan, run);
+                self.restart_windows += count;
+                if count > 0 {
+                    keep_max(
+                        &mut self.restart_excess,
+                        witness(max as f64 / plan.limit as f64),
+                    );
+                }
+            }
+            if run.policy == Policy::Optimistic {
+                for b in run.ledger.windows.values() {
+                    let a = b.admitted_total();
+                    if a > plan.limit {
+                        let l = plan.limit as f64;
+                        self.optimistic_excess.add((a - plan.limit) as f64 / l);
+                        let slack = b.last.map_or(0, |x| x.slack);
+                        self.optimistic_in_flight.add(slack as f64 / l);
+                    }
+                }
+            }
+        }
+        for v in &outcome.violations {
+            *self.violations.entry((v.kind, v.policy)).or_default() += 1;
+            let ex = self.examples.entry((v.kind, v.policy)).or_default();
+            if !ex.iter().any(|e| e.0 == outcome.seed) {
+                ex.push((outcome.seed, outcome.scenario, v.detail.clone()));
+                ex.sort_by_key(|e| e.0);
+                ex.truncate(EXAMPLES);
+            }
+        }
+        if !outcome.violations.is_empty() {
+            self.failures.push(Failure {
+                seed: outcome.seed,
+                scenario: outcome.scenario,
+                violations: outcome.violations.iter().map(|v| v.to_string()).collect(),
+                replay: outcome.replay_command(),
+            });
+        }
+    }
+
+    /// Adds another summary's runs.
+    pub fn merge(&mut self, other: Summary) {
+        self.runs += other.runs;
+        for (p, s) in other.policies {
+            let mine = self.policies.entry(p).or_default();
+            mine.overshoot.merge(&s.overshoot);
+            mine.over_limit += s.over_limit;
+            if let Some(w) = s.worst {
+                keep_max(&mut mine.worst, w);
+            }
+            mine.utilisation.merge(&s.utilisation);
+            for (sc, h) in &s.utilisation_by_scenario {
+                mine.utilisation_by_scenario
+                    .entry(*sc)
+                    .or_default()
+                    .merge(h);
+            }
+            if let Some(w) = s.worst_window {
+                keep_min(&mut mine.worst_window, w);
+            }
+            mine.heals.extend(s.heals);
+        }
+        for (k, n) in other.violations {
+            *self.violations.entry(k).or_default() += n;
+        }
+        for (k, ex) in other.examples {
+            let mine = self.examples.entry(k).or_default();
+            mine.extend(ex);
+            mine.sort_by_key(|e| e.0);
+            mine.dedup_by_key(|e| e.0);
+            mine.truncate(EXAMPLES);
+        }
+        self.failures.extend(other.failures);
+        self.failures.sort_by_key(|f| f.seed);
+        self.restart_windows += other.restart_windows;
+        if let Some(w) = other.restart_excess {
+            keep_max(&mut self.restart_excess, w);
+        }
+        self.optimistic_excess.merge(&other.optimistic_excess);
+        self.optimistic_in_flight.merge(&other.optimistic_in_flight);
+    }
+
+    /// Number of violations of Levee's properties.
+    pub fn violation_count(&self) -> u64 {
+        self.violations.values().sum()
+    }
+
+    /// The report.
+    pub fn render(&self, max_failures: usize) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "runs: {}", self.runs);
+        let _ = writeln!(
+            s,
+            "violations: {} in {} runs",
+            self.violation_count(),
+            self.failures.len()
+        );
+        for kind in ViolationKind::ALL {
+            for p in Policy::ALL {
+                if let Some(n) = self.violations.get(&(kind, p)) {
+                    let _ = writeln!(s, "  {:<17} {:<18} {n}", kind.name(), p.name());
+                }
+            }
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{:<36} {:>9} {:>10} {:>9} {:>9} {:>9}   {:>11} {:>8} {:>8}",
+            "policy", "windows*", "over limit", "max", "p99", "p50", "utilisation", "p1", "min win"
+        );
+        for p in Policy::ALL {
+            let Some(st) = self.policies.get(&p) else {
+                continue;
+            };
+            let _ = writeln!(
+                s,
+                "{:<36} {:>9} {:>10} {:>9.4} {:>9.4} {:>9.4}   {:>11.4} {:>8.4} {:>8.4}",
+                p.name(),
+                st.overshoot.len(),
+                st.over_limit,
+                st.overshoot.max(),
+                st.overshoot.quantile(0.99),
+                st.overshoot.quantile(0.5),
+                st.utilisation.mean(),
+                st.utilisation.quantile(0.01),
+                st.worst_window.map_or(0.0, |w| w.value),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  * windows whose demand reached the limit; max/p99/p50 of admitted/limit per window.\n    utilisation: admitted / central counter's admitted, from the third window, runs without\n    partitions or crashes (mean; p1 over runs; lowest single window where the central counter\n    admitted at least half the limit)."
+        );
+        let scenarios: Vec<Scenario> = Scenario::ALL
+            .into_iter()
+            .filter(|sc| {
+                self.policies
+                    .values()
+                    .any(|st| st.utilisation_by_scenario.contains_key(sc))
+            })
+            .collect();
+        if !scenarios.is_empty() {
+            let _ = write!(
+                s,
+                "  utilisation by scenario (mean / p1 over runs):
+  {:<34}",
+                ""
+            );
+            for sc in &scenarios {
+                let _ = write!(s, " {:>17}", sc.name());
+            }
+            let _ = writeln!(s);
+            for p in Policy::ALL {
+                let Some(st) = self.policies.get(&p) else {
+                    continue;
+                };
+                let _ = write!(s, "  {:<34}", p.name());
+                for sc in &scenarios {
+                    let h = st
+                        .utilisation_by_scenario
+                        .get(sc)
+                        .cloned()
+                        .unwrap_or_default();
+                    let _ = write!(s, "   {:>6.4} / {:>6.4}", h.mean(), h.quantile(0.01));
+                }
+                let _ = writeln!(s);
+            }
+        }
+        for p in Policy::ALL {
+            if let Some(w) = self.policies.get(&p).and_then(|st| st.worst_window) {
+                let _ = writeln!(
+                    s,
+                    "  lowest window utilisation, {}: {:.4} (seed {} --scenario {})",
+                    p.name(),
+                    w.value,
+                    w.seed,
+                    w.scenario.name()
+                );
+            }
+        }
+        for p in Policy::ALL {
+            if let Some(w) = self.policies.get(&p).and_then(|st| st.worst) {
+                let _ = writeln!(
+                    s,
+                    "  worst window, {}: {:.4} × limit (seed {} --scenario {})",
+                    p.name(),
+                    w.value,
+                    w.seed,
+                    w.scenario.name()
+                );
+            }
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "strict: windows above the limit by no more than usage/gifts a crash forgot: {}{}",
+            self.restart_windows,
+            self.restart_excess.map_or(String::new(), |w| format!(
+                " (largest +{:.4} × limit, seed {} --scenario {})",
+                w.value,
+                w.seed,
+                w.scenario.name()
+            ))
+        );
+        if !self.optimistic_excess.is_empty() {
+            let _ = writeln!(
+                s,
+                "optimistic: {} windows above the limit; excess max {:.4} p99 {:.4} × limit; in flight at their last admission max {:.4} p99 {:.4} × limit",
+                self.optimistic_excess.len(),
+                self.optimistic_excess.max(),
+                self.optimistic_excess.quantile(0.99),
+                self.optimistic_in_flight.max(),
+                self.optimistic_in_flight.quantile(0.99),
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "time to agree after a heal (probe key, partitions the protocol detected; target 2 × gossip + RTT):"
+        );
+        for p in [Policy::Strict, Policy::Optimistic, Policy::SharedCounter] {
+            let Some(st) = self.policies.get(&p) else {
+                continue;
+            };
+            let _ = writeln!(s, "  {}: {}", p.name(), heal_line(&st.heals));
+        }
+        if !self.examples.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "examples of each violation (lowest seeds):");
+            for ((kind, policy), ex) in &self.examples {
+                let _ = writeln!(s, "  {} [{}]:", kind.name(), policy.name());
+                for (seed, scenario, detail) in ex {
+                    let _ = writeln!(
+                        s,
+                        "    seed {seed} {}: {detail}\n      replay: cargo run --release -p levee-sim -- --seed {seed} --scenario {}",
+                        scenario.name(),
+                        scenario.name()
+                    );
+                }
+            }
+        }
+        if !self.failures.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "failures (first {} of {}):",
+                max_failures.min(self.failures.len()),
+                self.failures.len()
+            );
+            for f in self.failures.iter().take(max_failures) {
+                let _ = writeln!(
+                    s,
+                    "  seed {} scenario {}: {}",
+                    f.seed,
+                    f.scenario.name(),
+                    f.violations.first().map_or("", String::as_str)
+                );
+                if f.violations.len() > 1 {
+                    let _ = writeln!(s, "    (+{} more)", f.violations.len() - 1);
+                }
+                let _ = writeln!(s, "    replay: {}", f.replay);
+            }
+        }
+        s
+    }
+}
+
+/// A line about agreement times: how many heals, percentiles, how many within the target.
+pub fn heal_line(heals: &[HealFigure]) -> String {
+    let detected: Vec<&HealFigure> = heals.iter().filter(|h| h.detected).collect();
+    if detected.is_empty() {
+        return "no detected partition".to_owned();
+    }
+    let mut ms: Vec<u64> = detected.iter().filter_map(|h| h.equal_ms).collect();
+    ms.sort_unstable();
+    let never = detected.len() - ms.len();
+    let never_lossless = detected
+        .iter()
+        .filter(|h| h.lossless && h.equal_ms.is_none())
+        .count();
+    let q = |q: f64| {
+        if ms.is_empty() {
+            0
+        } else {
+            ms[((ms.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    let within = detected.iter().filter(|h| h.within_target()).count();
+    let lossless: Vec<&&HealFigure> = detected.iter().filter(|h| h.lossless).collect();
+    let lossless_within = lossless.iter().filter(|h| h.within_target()).count();
+    let mut ratio: Vec<f64> = detected
+        .iter()
+        .filter_map(|h| h.equal_ms.map(|m| m as f64 / h.target_ms.max(1) as f64))
+        .collect();
+    ratio.sort_by(f64::total_cmp);
+    let worst_ratio = ratio.last().copied().unwrap_or(0.0);
+    let mut dom: Vec<u64> = detected.iter().filter_map(|h| h.dominate_ms).collect();
+    dom.sort_unstable();
+    let dom_p50 = dom.get(dom.len() / 2).copied().unwrap_or(0);
+    let per_rtt = |f: fn(&HealFigure) -> Option<u64>| {
+        let mut v: Vec<f64> = lossless
+            .iter()
+            .filter_map(|h| f(h).map(|ms| ms as f64 / h.rtt_ms.max(1) as f64))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let equal_rtt = per_rtt(|h| h.equal_ms);
+    let dom_rtt = per_rtt(|h| h.dominate_ms);
+    format!(
+        "n={} p50 {} ms, p99 {} ms, max {} ms; within target {}/{} (lossless runs {}/{}); worst {:.2} × target; never agreed {} ({} in lossless runs); all views held the heal's state: p50 {} ms; lossless runs, median in RTTs: equal {:.2}, held {:.2}",
+        detected.len(),
+        q(0.5),
+        q(0.99),
+        q(1.0),
+        within,
+        detected.len(),
+        lossless_within,
+        lossless.len(),
+        worst_ratio,
+        never,
+        never_lossless,
+        dom_p50,
+        equal_rtt,
+        dom_rtt,
+    )
+}
