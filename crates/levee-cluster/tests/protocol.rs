@@ -239,7 +239,9 @@ fn a_cut_off_region_is_unreachable_and_views_agree_after_the_heal() {
 #[test]
 fn anti_entropy_repairs_deltas_that_were_lost() {
     // A minute's window, so the check below reads the same window as the decisions.
-    let rule = RuleSpec::fixed_window("r", 1_000, 60_000).validate().unwrap();
+    let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
+        .validate()
+        .unwrap();
     let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule, Consistency::Strict);
     net.start();
     net.isolate(1, true);
@@ -392,7 +394,9 @@ fn after_a_burst_in_one_region_a_day_quota_still_flows_to_the_others_demand() {
 
 #[test]
 fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
-    let rule = RuleSpec::fixed_window("r", 1_000, 60_000).validate().unwrap();
+    let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
+        .validate()
+        .unwrap();
     let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule, Consistency::Strict);
     net.start();
     for _ in 0..25 {
