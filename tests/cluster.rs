@@ -182,30 +182,7 @@ fn http(agent: &ureq::Agent, method: &str, url: &str, body: Option<&str>) -> Res
         None => agent.run(req.body(()).map_err(|e| e.to_string())?),
     };
     let resp = result.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let headers = resp
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_ascii_lowercase(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
-    let body = resp
-        .into_body()
-        .with_config()
-        .limit(64 << 20)
-        .read_to_string()
-        .map_err(|e| e.to_string())?;
-    let json = serde_json::from_str(&body).unwrap_or(Value::Null);
-    Ok(Reply {
-        status,
-        headers,
-        body,
-        json,
-    })
+    Reply::read(resp).map_err(|e| e.to_string())
 }
 
 /// `kill -<signal> <pid>`; whether it was delivered.

@@ -219,6 +219,33 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Reads a whole answer (body up to 64 MiB).
+    pub fn read(resp: ureq::http::Response<ureq::Body>) -> Result<Reply, ureq::Error> {
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_ascii_lowercase(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = resp
+            .into_body()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()?;
+        let json = serde_json::from_str(&body).unwrap_or(Value::Null);
+        Ok(Reply {
+            status,
+            headers,
+            body,
+            json,
+        })
+    }
+
     /// The first value of header `name` (any case).
     pub fn header(&self, name: &str) -> Option<&str> {
         let name = name.to_ascii_lowercase();
@@ -609,31 +636,7 @@ impl Node {
                 .run(req.body(b.to_vec()).expect("a valid request")),
             None => self.agent.run(req.body(()).expect("a valid request")),
         };
-        let resp = result.ok()?;
-        let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_ascii_lowercase(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
-        let body = resp
-            .into_body()
-            .with_config()
-            .limit(64 << 20)
-            .read_to_string()
-            .ok()?;
-        let json = serde_json::from_str(&body).unwrap_or(Value::Null);
-        Some(Reply {
-            status,
-            headers,
-            body,
-            json,
-        })
+        Reply::read(result.ok()?).ok()
     }
 
     /// Sends a request; panics (with the node's stderr) if the node could not be reached.
