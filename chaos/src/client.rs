@@ -53,18 +53,7 @@ pub fn http(
     Ok(Reply { status, body, json })
 }
 
-/// Percent-encodes one path segment.
-pub fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub use levee_blackbox::{encode_segment, metric};
 
 /// What a node's `GET /v1/usage/{rule}/{key}` says of a key: the global figure and the
 /// per-region ones. Two nodes agree on a key when their views are equal.
@@ -84,57 +73,6 @@ impl View {
             regions: u["regions"].clone(),
         })
     }
-}
-
-/// The value of the Prometheus sample `name{labels}` (exactly that label set, any order).
-pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let value: f64 = value.parse().ok()?;
-            let (n, l) = match series.split_once('{') {
-                None => (series, Vec::new()),
-                Some((n, rest)) => (n, parse_labels(rest.strip_suffix('}').unwrap_or(rest))),
-            };
-            Some((n, l, value))
-        })
-        .find(|(n, l, _)| {
-            *n == name
-                && l.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.iter().any(|(k2, v2)| k2 == k && v2 == v))
-        })
-        .map(|(_, _, v)| v)
-}
-
-fn parse_labels(s: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = s;
-    while let Some((k, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut end = after.len();
-        let mut chars = after.char_indices();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, n)) = chars.next() {
-                        value.push(if n == 'n' { '\n' } else { n });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        out.push((k.trim_start_matches(',').trim().to_owned(), value));
-        rest = &after[end..];
-    }
-    out
 }
 
 #[cfg(test)]
