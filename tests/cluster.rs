@@ -27,19 +27,18 @@
 //! alone (round trip inside one window) and straddling ones are counted separately.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use levee_blackbox::{Reply, encode_segment, levee, levee_binary, metric, wait_until};
-use levee_core::Consistency;
-use levee_node::local_cluster::{LocalCluster, LocalNode};
+use levee_blackbox::cluster::{
+    Attribution, Cluster, ClusterSpec, View, attribute, decide as decide_check, reachable_of,
+};
+use levee_blackbox::{Reply, agent, levee_binary, metric, wait_until};
+use levee_node::local_cluster::LocalNode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
 /// `cluster.gossip_interval` of every test cluster.
 const GOSSIP_INTERVAL_MS: u64 = 20;
@@ -49,10 +48,9 @@ const SUSPECT_AFTER_MS: u64 = 500;
 const REGIONS: [&str; 3] = ["eu", "us", "ap"];
 /// Nodes in every region.
 const NODES_PER_REGION: usize = 2;
-/// How long a whole cluster may take to be ready and to see every peer.
+/// How long a whole cluster may take to be ready and to see every peer; and a restarted node
+/// to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a node may take to exit after SIGTERM before it is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The rules every node runs.
 const RULES: &str = r#"
@@ -91,33 +89,6 @@ const DAY_MS: u64 = 86_400_000;
 fn one_cluster_at_a_time() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Ports are taken below Linux's default ephemeral range (32768–60999), so that no client
-/// socket of the test or of the nodes can be sitting on a node's port when it (re)starts.
-const PORT_FLOOR: u32 = 10_000;
-const PORT_CEILING: u32 = 32_000;
-
-/// The first of `count` consecutive ports that are free on 127.0.0.1 for both TCP (HTTP) and
-/// UDP (QUIC). Candidates start at a place that depends on the process id and move on with
-/// every call, so concurrent test processes rarely even probe the same ports.
-fn pick_base_port(count: u16) -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let span = PORT_CEILING - PORT_FLOOR - u32::from(count);
-    let start = (std::process::id() % 1000) * 20;
-    for _ in 0..2_000 {
-        let offset = NEXT.fetch_add(20, Ordering::Relaxed);
-        let base = PORT_FLOOR + (start + offset) % span;
-        if (base..base + u32::from(count)).all(|p| port_is_free(p as u16)) {
-            return base as u16;
-        }
-    }
-    panic!("no run of {count} free loopback ports between {PORT_FLOOR} and {PORT_CEILING}");
-}
-
-fn port_is_free(port: u16) -> bool {
-    let tcp = TcpListener::bind(("127.0.0.1", port)).is_ok();
-    tcp && UdpSocket::bind(("127.0.0.1", port)).is_ok()
 }
 
 /// Milliseconds since the Unix epoch, the clock the nodes decide by.
@@ -164,107 +135,16 @@ fn avoid_window_edge(window_ms: u64, margin_ms: u64) {
 }
 
 fn new_agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(5)))
-        .build()
-        .into()
+    agent(Duration::from_secs(5))
 }
 
-/// One HTTP exchange; `Err` if there was no answer.
-fn http(agent: &ureq::Agent, method: &str, url: &str, body: Option<&str>) -> Result<Reply, String> {
-    let mut req = ureq::http::Request::builder().method(method).uri(url);
-    let result = match body {
-        Some(b) => {
-            req = req.header("content-type", "application/json");
-            agent.run(req.body(b.as_bytes().to_vec()).map_err(|e| e.to_string())?)
-        }
-        None => agent.run(req.body(()).map_err(|e| e.to_string())?),
-    };
-    let resp = result.map_err(|e| e.to_string())?;
-    Reply::read(resp).map_err(|e| e.to_string())
-}
-
-/// `kill -<signal> <pid>`; whether it was delivered.
-fn send_signal(pid: u32, signal: &str) -> bool {
-    Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Waits for `child` to exit until `deadline`, then SIGKILLs it; reaps it either way.
-fn reap(child: &mut Child, deadline: Instant) {
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Starts the watchdog of the cluster in `dir` (see [`LocalClusterHandle`]): a shell that
-/// polls this process and, once it is gone, SIGKILLs (after a SIGCONT) every pid listed in
-/// `<dir>/pids/`, then removes `dir`.
-fn spawn_watchdog(dir: &Path) -> Child {
-    const SCRIPT: &str = r#"while kill -0 "$1" 2>/dev/null; do sleep 0.2; done
-for f in "$2"/*.pid; do
-  [ -f "$f" ] || continue
-  p=$(cat "$f")
-  kill -CONT "$p" 2>/dev/null
-  kill -KILL "$p" 2>/dev/null
-done
-rm -rf "$3""#;
-    Command::new("sh")
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg("levee-cluster-watchdog")
-        .arg(std::process::id().to_string())
-        .arg(dir.join("pids"))
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the cluster's watchdog")
-}
-
-/// The last `n` lines of a file.
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// One node of the cluster: where it is, and its process when it runs.
-struct Member {
-    node: LocalNode,
-    child: Option<Child>,
-    agent: ureq::Agent,
-    /// The node's stdout and stderr (appended to across restarts).
-    log: PathBuf,
-}
-
-/// A running local cluster: three regions of two `levee serve` processes each. Dropping it
-/// stops every process (SIGCONT first, so a stopped one can die; then SIGTERM; SIGKILL after
-/// a bound) and waits for each. If the test is failing, it prints the tail of every node's log
-/// and keeps the cluster's directory.
-///
-/// Should the test process die without dropping the handle (killed by a signal, a closed
-/// pipe), a watchdog shell it started kills the nodes it has left behind: it waits for the
-/// test process to disappear, then SIGKILLs every pid listed in `<dir>/pids/`, where the
-/// handle keeps the pids of its running nodes, and removes the directory.
+/// A running local cluster of three regions of two `levee serve` processes each: the black-box
+/// harness's [`Cluster`] (which stops every process on drop, prints the nodes' log tails and
+/// keeps the cluster's files when the test is failing, and leaves a watchdog that kills the
+/// nodes should the test process die), held one test at a time, with the panicking helpers
+/// the tests read best with.
 struct LocalClusterHandle {
-    members: Vec<Member>,
-    watchdog: Option<Child>,
-    dir: Option<TempDir>,
+    c: Cluster,
     _one_at_a_time: MutexGuard<'static, ()>,
 }
 
@@ -272,261 +152,84 @@ impl LocalClusterHandle {
     /// A strict-mode cluster running [`RULES`], every node ready and seeing every peer.
     fn start() -> LocalClusterHandle {
         let guard = one_cluster_at_a_time();
-        let dir = tempfile::Builder::new()
-            .prefix("levee-cluster-")
-            .tempdir()
-            .expect("a temporary directory");
-        let rules: Vec<_> = levee_node::Config::parse(RULES, "cluster rules")
-            .expect("the test rules are valid")
-            .rules
-            .into_iter()
-            .map(|r| r.spec)
-            .collect();
-        std::fs::create_dir_all(dir.path().join("pids")).expect("the pid directory");
-        let watchdog = spawn_watchdog(dir.path());
-        let mut cluster = LocalClusterHandle {
-            members: Vec::new(),
-            watchdog: Some(watchdog),
-            dir: Some(dir),
+        let mut spec = ClusterSpec::new(levee_binary(), &REGIONS, NODES_PER_REGION, RULES);
+        spec.gossip_interval_ms = GOSSIP_INTERVAL_MS;
+        spec.suspect_after_ms = SUSPECT_AFTER_MS;
+        spec.ready_timeout = READY_TIMEOUT;
+        spec.restart_ready_timeout = READY_TIMEOUT;
+        let c = Cluster::start(&spec).unwrap_or_else(|e| panic!("{e}"));
+        LocalClusterHandle {
+            c,
             _one_at_a_time: guard,
-        };
-        let ports = (REGIONS.len() * NODES_PER_REGION * 2) as u16;
-        for attempt in 1..=5 {
-            let spec = LocalCluster {
-                regions: REGIONS.iter().map(|r| (*r).to_owned()).collect(),
-                nodes_per_region: NODES_PER_REGION,
-                base_port: pick_base_port(ports),
-                mode: Consistency::Strict,
-                rules: rules.clone(),
-                gossip_interval: format!("{GOSSIP_INTERVAL_MS}ms"),
-                suspect_after: format!("{SUSPECT_AFTER_MS}ms"),
-            };
-            let nodes = spec
-                .write(cluster.dir(), |_, _| None)
-                .expect("lay out the cluster");
-            cluster.members = nodes
-                .into_iter()
-                .map(|node| Member {
-                    log: cluster.dir().join(format!("{}.log", node.id)),
-                    node,
-                    child: None,
-                    agent: new_agent(),
-                })
-                .collect();
-            for i in 0..cluster.members.len() {
-                let config = cluster.members[i].node.config.clone();
-                cluster.spawn(i, &config);
-            }
-            let deadline = Instant::now() + READY_TIMEOUT;
-            let outcome =
-                (0..cluster.members.len()).try_for_each(|i| cluster.wait_ready(i, deadline));
-            match outcome {
-                Ok(()) => {
-                    cluster.wait_fully_connected(READY_TIMEOUT);
-                    return cluster;
-                }
-                // Another process took one of the ports between the probe and the bind.
-                Err(e) if attempt < 5 && (e.contains("in use") || e.contains("cannot listen")) => {
-                    cluster.stop_all();
-                }
-                Err(e) => panic!("the cluster did not start: {e}"),
-            }
         }
-        unreachable!("the loop returns or panics")
     }
 
     fn dir(&self) -> &Path {
-        self.dir.as_ref().expect("the cluster's directory").path()
+        self.c.dir()
     }
 
     fn len(&self) -> usize {
-        self.members.len()
+        self.c.len()
     }
 
     /// The index of node `id`.
     fn idx(&self, id: &str) -> usize {
-        self.members
-            .iter()
-            .position(|m| m.node.id == id)
-            .unwrap_or_else(|| panic!("no node {id}"))
+        self.c.idx(id).unwrap_or_else(|| panic!("no node {id}"))
     }
 
     fn id(&self, i: usize) -> &str {
-        &self.members[i].node.id
+        self.c.id(i)
     }
 
     /// The nodes of `region`.
     fn region(&self, region: &str) -> Vec<usize> {
-        (0..self.len())
-            .filter(|&i| self.members[i].node.region == region)
-            .collect()
+        self.c.nodes_in(region)
     }
 
     fn node(&self, i: usize) -> &LocalNode {
-        &self.members[i].node
+        self.c.node(i)
     }
 
     // ---- processes ----
 
-    fn pid_file(&self, i: usize) -> PathBuf {
-        self.dir()
-            .join("pids")
-            .join(format!("{}.pid", self.members[i].node.id))
-    }
-
-    /// Node `i`'s process has been reaped: the watchdog must not signal its pid any more.
-    fn reaped(&mut self, i: usize) {
-        self.members[i].child = None;
-        let _ = std::fs::remove_file(self.pid_file(i));
-    }
-
     /// Starts node `i` on `config` (its own, or an impostor's), logging to its log file.
     fn spawn(&mut self, i: usize, config: &Path) {
-        let m = &mut self.members[i];
-        assert!(m.child.is_none(), "{} is already running", m.node.id);
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&m.log)
-            .expect("open the node's log");
-        let child = Command::new(levee_binary())
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            // `LEVEE_LOG=debug cargo test …` gives the nodes' debug logs.
-            .env(
-                "LEVEE_LOG",
-                std::env::var("LEVEE_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone the log's handle"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", levee_binary().display()));
-        let pid = child.id();
-        m.child = Some(child);
-        m.agent = new_agent();
-        std::fs::write(self.pid_file(i), pid.to_string()).expect("write the node's pid file");
+        self.c.spawn(i, config).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Waits (until `deadline`) for node `i` to answer `/readyz` with 200; `Err` with the
     /// tail of its log if it exits first or the deadline passes.
     fn wait_ready(&mut self, i: usize, deadline: Instant) -> Result<(), String> {
-        loop {
-            if let Some(status) = self.members[i]
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.reaped(i);
-                return Err(format!(
-                    "{} exited with {status} before it was ready; log:\n{}",
-                    self.id(i),
-                    tail(&self.members[i].log, 30)
-                ));
-            }
-            if self.try_get(i, "/readyz").is_ok_and(|r| r.status == 200) {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} did not answer /readyz with 200 in time; log:\n{}",
-                    self.id(i),
-                    tail(&self.members[i].log, 30)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// How many connections node `i` has dialled to `peer` and completed (`Hello`s exchanged).
-    fn outbound_connections(&self, i: usize, peer: &str) -> f64 {
-        metric(
-            &self.metrics(i),
-            "levee_transport_connections_total",
-            &[("peer", peer), ("direction", "outbound")],
-        )
-        .unwrap_or(0.0)
+        self.c.wait_ready(i, deadline)
     }
 
     /// Waits until every running node has dialled every other running node (and completed the
     /// `Hello` exchange) and sees every peer and every region reachable.
-    ///
-    /// Reachability alone is not enough: a node hears a peer's `Hello` on the connection *it*
-    /// dialled, so it may show the peer reachable while the peer's own dial to it is still
-    /// pending — and its frames with it — and then mark it unreachable again after
-    /// `suspect_after`.
     fn wait_fully_connected(&self, timeout: Duration) {
-        let running: Vec<usize> = (0..self.len())
-            .filter(|&i| self.members[i].child.is_some())
-            .collect();
-        let ok = wait_until(timeout, || {
-            running.iter().all(|&i| {
-                running
-                    .iter()
-                    .all(|&j| j == i || self.outbound_connections(i, self.id(j)) >= 1.0)
-            }) && running.iter().all(|&i| {
-                let s = self.status(i);
-                all_reachable(&s["peers"]) && all_reachable(&s["regions"])
-            })
-        });
-        assert!(
-            ok,
-            "not every node is connected to and sees every peer within {timeout:?}: {}",
-            running
-                .iter()
-                .map(|&i| format!("\n{}: {}", self.id(i), self.status(i)))
-                .collect::<String>()
-        );
-    }
-
-    fn pid(&self, i: usize) -> u32 {
-        self.members[i]
-            .child
-            .as_ref()
-            .unwrap_or_else(|| panic!("{} is not running", self.id(i)))
-            .id()
+        self.c
+            .wait_fully_connected(timeout)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Freezes node `i` (SIGSTOP): its sockets stay open, it answers nothing.
     fn sigstop(&self, i: usize) {
-        assert!(
-            send_signal(self.pid(i), "STOP"),
-            "kill -STOP {}",
-            self.id(i)
-        );
+        self.c.signal(i, "STOP").unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Thaws node `i` (SIGCONT).
     fn sigcont(&self, i: usize) {
-        assert!(
-            send_signal(self.pid(i), "CONT"),
-            "kill -CONT {}",
-            self.id(i)
-        );
+        self.c.signal(i, "CONT").unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// `kill -9` node `i`, and reaps it.
     fn kill9(&mut self, i: usize) {
-        let mut child = self.members[i]
-            .child
-            .take()
-            .unwrap_or_else(|| panic!("{} is not running", self.id(i)));
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap the killed node");
-        self.reaped(i);
+        self.c.kill9(i).unwrap_or_else(|e| panic!("{e}"));
     }
 
-    /// Stops node `i` with SIGTERM and waits for it (SIGKILL after [`STOP_TIMEOUT`]).
+    /// Stops node `i` with SIGTERM and waits for it (SIGKILL after a bound); nothing if it is
+    /// not running.
     fn stop(&mut self, i: usize) {
-        let Some(mut child) = self.members[i].child.take() else {
-            return;
-        };
-        send_signal(child.id(), "CONT");
-        send_signal(child.id(), "TERM");
-        reap(&mut child, Instant::now() + STOP_TIMEOUT);
-        self.reaped(i);
+        self.c.stop(i);
     }
 
     /// Stops (if running) and starts node `i` again on its own configuration, ports and data
@@ -535,68 +238,28 @@ impl LocalClusterHandle {
     /// Then waits until every other running node has dialled the new process (their old
     /// connections to the previous one count for nothing) and every node is fully connected.
     fn restart(&mut self, i: usize) {
-        let id = self.id(i).to_owned();
-        let others: Vec<usize> = (0..self.len())
-            .filter(|&j| j != i && self.members[j].child.is_some())
-            .collect();
-        let dialled_before: Vec<f64> = others
-            .iter()
-            .map(|&j| self.outbound_connections(j, &id))
-            .collect();
-        self.stop(i);
-        let config = self.node(i).config.clone();
-        self.spawn(i, &config);
-        if let Err(e) = self.wait_ready(i, Instant::now() + READY_TIMEOUT) {
-            panic!("{id} did not restart: {e}");
-        }
-        let redialled = wait_until(READY_TIMEOUT, || {
-            others
-                .iter()
-                .zip(&dialled_before)
-                .all(|(&j, &before)| self.outbound_connections(j, &id) > before)
-        });
-        assert!(
-            redialled,
-            "the other nodes did not reconnect to the restarted {id}"
-        );
-        self.wait_fully_connected(READY_TIMEOUT);
+        self.c.stop(i);
+        self.c.start_node(i).unwrap_or_else(|e| panic!("{e}"));
     }
 
-    /// Stops every process: SIGCONT and SIGTERM to all, then waits for each, SIGKILL after a
-    /// bound.
-    fn stop_all(&mut self) {
-        for m in &self.members {
-            if let Some(c) = &m.child {
-                send_signal(c.id(), "CONT");
-                send_signal(c.id(), "TERM");
-            }
-        }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        for i in 0..self.members.len() {
-            if let Some(mut child) = self.members[i].child.take() {
-                reap(&mut child, deadline);
-                self.reaped(i);
-            }
-        }
+    /// The impostor of node `i` (see [`Cluster::write_impostor`]): its configuration's path.
+    fn write_impostor(&self, i: usize) -> std::path::PathBuf {
+        self.c.write_impostor(i).unwrap_or_else(|e| panic!("{e}"))
     }
 
     // ---- HTTP ----
 
     fn url(&self, i: usize, path: &str) -> String {
-        format!("http://{}{path}", self.node(i).http)
-    }
-
-    fn try_get(&self, i: usize, path: &str) -> Result<Reply, String> {
-        http(&self.members[i].agent, "GET", &self.url(i, path), None)
+        self.c.url(i, path)
     }
 
     /// `GET path` on node `i`; panics (with the node's log) if it does not answer.
     fn get(&self, i: usize, path: &str) -> Reply {
-        self.try_get(i, path).unwrap_or_else(|e| {
+        self.c.get(i, path).unwrap_or_else(|e| {
             panic!(
                 "GET {path} on {}: no answer ({e}); log:\n{}",
                 self.id(i),
-                tail(&self.members[i].log, 30)
+                self.c.log_tail(i, 30)
             )
         })
     }
@@ -604,13 +267,10 @@ impl LocalClusterHandle {
     /// `POST /v1/check` of one unit of `rule`/`key` on node `i`; asserts a 200.
     fn check(&self, i: usize, rule: &str, key: &str) -> Reply {
         let body = json!({ "rule": rule, "key": key }).to_string();
-        let r = http(
-            &self.members[i].agent,
-            "POST",
-            &self.url(i, "/v1/check"),
-            Some(&body),
-        )
-        .unwrap_or_else(|e| panic!("check on {}: no answer ({e})", self.id(i)));
+        let r = self
+            .c
+            .post(i, "/v1/check", &body)
+            .unwrap_or_else(|e| panic!("check on {}: no answer ({e})", self.id(i)));
         assert_eq!(r.status, 200, "check on {}: {r:?}", self.id(i));
         r
     }
@@ -643,35 +303,35 @@ impl LocalClusterHandle {
         admitted
     }
 
-    /// `GET /v1/usage/{rule}/{key}` on node `i`.
+    /// `GET /v1/usage/{rule}/{key}` on node `i`; asserts a 200.
     fn usage(&self, i: usize, rule: &str, key: &str) -> Value {
-        let r = self.get(
-            i,
-            &format!("/v1/usage/{}/{}", encode_segment(rule), encode_segment(key)),
-        );
-        assert_eq!(r.status, 200, "usage on {}: {r:?}", self.id(i));
-        r.json
+        self.c
+            .usage(i, rule, key)
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", self.c.log_tail(i, 30)))
     }
 
     fn used(&self, i: usize, rule: &str, key: &str) -> u64 {
+        self.view(i, rule, key).used
+    }
+
+    /// Node `i`'s view of `rule`/`key`; panics unless it has one.
+    fn view(&self, i: usize, rule: &str, key: &str) -> View {
         let u = self.usage(i, rule, key);
-        u["used"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no integer used in {u}"))
+        View::of(&u).unwrap_or_else(|| panic!("no integer used in {u}"))
     }
 
-    /// `GET /v1/cluster` on node `i`.
+    /// `GET /v1/cluster` on node `i`; asserts a 200.
     fn status(&self, i: usize) -> Value {
-        let r = self.get(i, "/v1/cluster");
-        assert_eq!(r.status, 200, "/v1/cluster on {}: {r:?}", self.id(i));
-        r.json
+        self.c
+            .status(i)
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", self.c.log_tail(i, 30)))
     }
 
-    /// `GET /metrics` on node `i`.
+    /// `GET /metrics` on node `i`; asserts a 200.
     fn metrics(&self, i: usize) -> String {
-        let r = self.get(i, "/metrics");
-        assert_eq!(r.status, 200, "/metrics on {}: {r:?}", self.id(i));
-        r.body
+        self.c
+            .metrics(i)
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", self.c.log_tail(i, 30)))
     }
 
     /// Waits until every node of `nodes` reports the same `used` and per-region figures for
@@ -686,10 +346,7 @@ impl LocalClusterHandle {
     ) -> View {
         let mut last = Vec::new();
         let ok = wait_until(timeout, || {
-            last = nodes
-                .iter()
-                .map(|&i| View::of(&self.usage(i, rule, key)))
-                .collect();
+            last = nodes.iter().map(|&i| self.view(i, rule, key)).collect();
             last.windows(2).all(|w| w[0] == w[1]) && accept(&last[0])
         });
         assert!(
@@ -698,62 +355,6 @@ impl LocalClusterHandle {
             nodes.iter().map(|&i| self.id(i)).collect::<Vec<_>>()
         );
         last.swap_remove(0)
-    }
-}
-
-impl Drop for LocalClusterHandle {
-    fn drop(&mut self) {
-        let failing = std::thread::panicking();
-        if failing {
-            for m in &self.members {
-                eprintln!(
-                    "----- {} ({}) log tail -----\n{}",
-                    m.node.id,
-                    m.log.display(),
-                    tail(&m.log, 40)
-                );
-            }
-        }
-        self.stop_all();
-        if let Some(mut watchdog) = self.watchdog.take() {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-        }
-        if failing && let Some(dir) = self.dir.take() {
-            eprintln!("cluster files kept in {}", dir.keep().display());
-        }
-    }
-}
-
-/// Whether every entry of a `/v1/cluster` `peers` or `regions` array says `reachable: true`.
-fn all_reachable(list: &Value) -> bool {
-    list.as_array()
-        .is_some_and(|l| l.iter().all(|p| p["reachable"] == true))
-}
-
-/// `reachable` of the entry named `name` (`id` for peers, `name` for regions).
-fn reachable_of(list: &Value, name: &str) -> Option<bool> {
-    list.as_array()?
-        .iter()
-        .find(|p| p["id"] == name || p["name"] == name)
-        .and_then(|p| p["reachable"].as_bool())
-}
-
-/// What a node's `/v1/usage` says of a key: the global figure and the per-region ones.
-#[derive(Debug, Clone, PartialEq)]
-struct View {
-    used: u64,
-    regions: Value,
-}
-
-impl View {
-    fn of(u: &Value) -> View {
-        View {
-            used: u["used"]
-                .as_u64()
-                .unwrap_or_else(|| panic!("no integer used in {u}")),
-            regions: u["regions"].clone(),
-        }
     }
 }
 
@@ -796,20 +397,12 @@ impl Sample {
 }
 
 fn decide(agent: &ureq::Agent, url: &str, body: &str) -> Answer {
-    match http(agent, "POST", url, Some(body)) {
-        Ok(r) if r.status == 200 => match (
-            r.json["allowed"].as_bool(),
-            r.json["degraded"].as_bool(),
-            r.json["reset_after_ms"].as_u64(),
-        ) {
-            (Some(allowed), Some(degraded), Some(reset_after_ms)) => Answer::Decided {
-                allowed,
-                degraded,
-                reset_after_ms,
-            },
-            _ => Answer::Failed(format!("not a decision: {}", r.body)),
+    match decide_check(agent, url, body) {
+        Ok(d) => Answer::Decided {
+            allowed: d.allowed,
+            degraded: d.degraded,
+            reset_after_ms: d.reset_after_ms,
         },
-        Ok(r) => Answer::Failed(format!("{}: {}", r.status, r.body)),
         Err(e) => Answer::Failed(e),
     }
 }
@@ -920,19 +513,21 @@ fn account(samples: &[Sample], window_ms: u64) -> Accounting {
                 ..
             } => {
                 // The window ends at `decided_at + reset_after_ms`, decided_at in [sent, received].
-                let lo = s.sent_ms + reset_after_ms;
-                let hi = s.received_ms + reset_after_ms;
-                let end = lo.div_ceil(window_ms) * window_ms;
-                if end > hi {
-                    a.unattributable += 1;
-                } else if end + window_ms <= hi {
-                    a.admitted_straddling += 1;
-                } else {
-                    let w = end / window_ms - 1;
-                    if same_window && s.sent_ms / window_ms != w {
-                        a.disagreements += 1;
+                match attribute(
+                    s.sent_ms as i64,
+                    s.received_ms as i64,
+                    *reset_after_ms,
+                    window_ms,
+                ) {
+                    Attribution::Unattributable => a.unattributable += 1,
+                    Attribution::Straddling => a.admitted_straddling += 1,
+                    Attribution::Window(w) => {
+                        let w = w as u64;
+                        if same_window && s.sent_ms / window_ms != w {
+                            a.disagreements += 1;
+                        }
+                        a.windows.entry(w).or_default().admitted += 1;
                     }
-                    a.windows.entry(w).or_default().admitted += 1;
                 }
             }
             Answer::Decided { allowed: false, .. } => {
@@ -1373,7 +968,7 @@ fn a_region_cut_off_leaves_the_others_answering_degraded_and_views_converge_afte
     while healed.elapsed() < Duration::from_secs(3) {
         views = all
             .iter()
-            .map(|&n| View::of(&c.usage(n, rule, key)))
+            .map(|&n| c.view(n, rule, key))
             .collect::<Vec<_>>();
         if views.iter().all(|v| *v == expected) {
             converged = Some(healed.elapsed());
@@ -1455,49 +1050,7 @@ fn a_node_with_a_certificate_from_another_ca_cannot_join_and_changes_nothing() {
 
     // The impostor: a CA of its own, a certificate for eu-2 from it, and otherwise eu-2's
     // configuration (same addresses, same peers), with a data directory of its own.
-    let rogue = c.dir().join("rogue");
-    std::fs::create_dir_all(&rogue).expect("the impostor's directory");
-    for args in [
-        vec!["certs", "init", "--out"],
-        vec!["certs", "issue", "--ca", "", "--node", "eu-2", "--out"],
-    ] {
-        let mut cmd = levee();
-        for a in args {
-            if a.is_empty() {
-                cmd.arg(&rogue);
-            } else {
-                cmd.arg(a);
-            }
-        }
-        let out = cmd.arg(&rogue).output().expect("run levee certs");
-        assert!(
-            out.status.success(),
-            "levee certs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let real_config = std::fs::read_to_string(&c.node(eu2).config).expect("eu-2's configuration");
-    let rogue_config: String = real_config
-        .lines()
-        .map(|l| {
-            if l.starts_with("tls = ") {
-                format!(
-                    "tls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\" }}",
-                    rogue.join("ca.pem").display(),
-                    rogue.join("eu-2.pem").display(),
-                    rogue.join("eu-2.key").display()
-                )
-            } else if l.starts_with("data_dir = ") {
-                format!("data_dir = \"{}\"", rogue.join("data").display())
-            } else {
-                l.to_owned()
-            }
-        })
-        .map(|l| l + "\n")
-        .collect();
-    assert!(rogue_config.contains(&rogue.display().to_string()));
-    let rogue_path = rogue.join("eu-2.toml");
-    std::fs::write(&rogue_path, rogue_config).expect("write the impostor's configuration");
+    let rogue_path = c.write_impostor(eu2);
 
     let refused = |c: &LocalClusterHandle| -> f64 {
         others
@@ -1537,7 +1090,7 @@ fn a_node_with_a_certificate_from_another_ca_cannot_join_and_changes_nothing() {
                 "{} sees the impostor as a reachable eu-2: {s}",
                 c.id(n)
             );
-            let u = View::of(&c.usage(n, rule, &key));
+            let u = c.view(n, rule, &key);
             assert_eq!(u, real, "{} changed the key's usage", c.id(n));
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -10,9 +10,10 @@
 //!
 //! How a run goes ([`runner::run`]):
 //!
-//! 1. [`cluster::ChaosCluster::start`] lays the cluster out with `LocalCluster::write`, every
-//!    peer address pointing at the link's relay of the [`proxy::FaultProxy`], starts the
-//!    processes and waits until every node has dialled every peer through the proxy.
+//! 1. [`cluster::ChaosCluster::start`] starts the black-box harness's process cluster
+//!    (`levee_blackbox::cluster`) with every peer address pointing at the link's relay of the
+//!    [`proxy::FaultProxy`], and waits until every node has dialled every peer through the
+//!    proxy.
 //! 2. [`load`] streams send checks of an overloaded *main* key (1.67 times the limit) and of a
 //!    lightly used *probe* key to every node from a window boundary on, while the script of
 //!    the [`scenario::Scenario`] changes faults and processes at its times, and measures after
@@ -22,9 +23,7 @@
 //!
 //! The whole suite: `cargo run --release -p levee-chaos -- --all` (see `docs/chaos.md`).
 
-pub mod binary;
 pub mod checks;
-pub mod client;
 pub mod cluster;
 pub mod load;
 pub mod plot;

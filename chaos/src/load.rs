@@ -13,8 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::client::{self, http};
 use crate::cluster::NODES;
+use levee_blackbox::agent;
+use levee_blackbox::cluster::decide;
 
 /// What a node is, as far as the load generator is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -234,7 +235,7 @@ pub fn run_stream(
     start_ms: u64,
     duration_ms: u64,
 ) -> Vec<Decision> {
-    let agent = client::agent(Duration::from_secs(3));
+    let agent = agent(Duration::from_secs(3));
     let interval = 1_000.0 / stream.per_second;
     let n = (stream.per_second * duration_ms as f64 / 1_000.0).round() as u64;
     let mut out = Vec::with_capacity(n as usize);
@@ -249,30 +250,16 @@ pub fn run_stream(
         }
         let changes = control.changes(stream.node);
         let sent_ms = now_ms();
-        let reply = http(&agent, "POST", &stream.url, Some(&stream.body));
+        let reply = decide(&agent, &stream.url, &stream.body);
         let received_ms = now_ms();
         let excused = control.changes(stream.node) != changes;
         let outcome = match reply {
-            Ok(r) if r.status == 200 => match (
-                r.json["allowed"].as_bool(),
-                r.json["degraded"].as_bool(),
-                r.json["reset_after_ms"].as_u64(),
-            ) {
-                (Some(allowed), Some(degraded), Some(reset_after_ms)) => Outcome::Decided {
-                    allowed,
-                    degraded,
-                    reset_after_ms,
-                },
-                _ => Outcome::Failed {
-                    error: format!("not a decision: {}", r.body),
-                    excused,
-                },
+            Ok(d) => Outcome::Decided {
+                allowed: d.allowed,
+                degraded: d.degraded,
+                reset_after_ms: d.reset_after_ms,
             },
-            Ok(r) => Outcome::Failed {
-                error: format!("{}: {}", r.status, r.body),
-                excused,
-            },
-            Err(e) => Outcome::Failed { error: e, excused },
+            Err(error) => Outcome::Failed { error, excused },
         };
         let impostor = role == Role::Impostor;
         let d = Decision {

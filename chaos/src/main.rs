@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use levee_chaos::{Report, RunOptions, Scenario, binary, run};
+use levee_chaos::{Report, RunOptions, Scenario, run};
 
 /// Chaos scenarios against a local three-region Levee cluster of real processes, with a UDP
 /// fault proxy on every link. Writes `<scenario>.json` and `<scenario>.svg` per scenario.
@@ -71,7 +71,11 @@ fn main() -> ExitCode {
         eprintln!("nothing to run: give --all or --scenario NAME (--list shows them)");
         return ExitCode::from(2);
     }
-    let binary = match cli.levee.map(Ok).unwrap_or_else(binary::levee_binary) {
+    let binary = match cli
+        .levee
+        .map(Ok)
+        .unwrap_or_else(levee_blackbox::find_levee_binary)
+    {
         Ok(b) => b,
         Err(e) => {
             eprintln!("the levee binary: {e}");

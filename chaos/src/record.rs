@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 
-use crate::client::View;
 use crate::cluster::NODES;
 use crate::load::Decision;
 use crate::proxy::ProxyCounts;
+use levee_blackbox::cluster::View;
 
 /// What a shaded interval of the plot stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

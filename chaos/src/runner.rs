@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::client::{self, View, http};
 use crate::cluster::{ChaosCluster, ClusterSpec, NODES, REGIONS, port_is_free, reachable_of};
 use crate::load::{LoadControl, Role, Stream, Target, now_ms, run_stream, sleep_until_ms};
 use crate::record::{
@@ -19,6 +18,8 @@ use crate::scenario::{
     Action, GOSSIP_INTERVAL_MS, Links, MAIN_PER_SECOND_PER_NODE, MAIN_RULE, PROBE_PER_SECOND,
     PROBE_QUIET_MS, PROBE_RULE, RULES, SUSPECT_AFTER_MS, Scenario, WINDOW_MS,
 };
+use levee_blackbox::cluster::View;
+use levee_blackbox::{agent, http, metric};
 
 /// How long views may take to agree before `heal-agreement` / `final-agreement` fail. Far
 /// above the design's target: after a partition longer than QUIC's idle timeout (3 s) the
@@ -431,19 +432,8 @@ fn step(
             let i = node_index(id)?;
             control.set_role(i, Role::Down);
             let at = now_ms();
-            c.kill9(i);
-            data.stops.push(StopEvent {
-                node: i,
-                kind: StopKind::Kill9,
-                at_ms: at,
-                ready_ms: None,
-            });
-            data.intervals.push(Interval {
-                label: format!("{id} killed"),
-                kind: IntervalKind::Down,
-                start_ms: at,
-                end_ms: None,
-            });
+            c.kill9(i)?;
+            went_down(data, i, StopKind::Kill9, format!("{id} killed"), at);
             Ok(())
         }
         Action::Stop(id) => stop(c, control, data, id),
@@ -481,19 +471,25 @@ fn stop(
         )),
         None => return Err(format!("{id} was not running")),
     }
+    went_down(data, i, StopKind::Term, format!("{id} stopped"), at);
+    Ok(())
+}
+
+/// Records that node `i` went down at `at_ms` (`kind`): the stop, and an open interval
+/// labelled `label` on the plot.
+fn went_down(data: &mut RunData, i: usize, kind: StopKind, label: String, at_ms: u64) {
     data.stops.push(StopEvent {
         node: i,
-        kind: StopKind::Term,
-        at_ms: at,
+        kind,
+        at_ms,
         ready_ms: None,
     });
     data.intervals.push(Interval {
-        label: format!("{id} stopped"),
+        label,
         kind: IntervalKind::Down,
-        start_ms: at,
+        start_ms: at_ms,
         end_ms: None,
     });
-    Ok(())
 }
 
 fn start(
@@ -616,7 +612,7 @@ fn measure_agreement(
         .collect();
     if let Some(w) = write_to {
         let body = serde_json::json!({ "rule": PROBE_RULE, "key": data.probe_key }).to_string();
-        let agent = client::agent(Duration::from_secs(3));
+        let agent = agent(Duration::from_secs(3));
         if http(&agent, "POST", &c.url(w, "/v1/check"), Some(&body))
             .is_ok_and(|r| r.status == 200 && r.json["allowed"] == true)
         {
@@ -699,44 +695,7 @@ fn impostor_watch(
             "{id} must be stopped before an impostor takes its place"
         ));
     }
-    let rogue = c.dir().join("rogue");
-    std::fs::create_dir_all(&rogue).map_err(|e| e.to_string())?;
-    let r = rogue.as_os_str();
-    c.levee(&["certs".as_ref(), "init".as_ref(), "--out".as_ref(), r])?;
-    c.levee(&[
-        "certs".as_ref(),
-        "issue".as_ref(),
-        "--ca".as_ref(),
-        r,
-        "--node".as_ref(),
-        id.as_ref(),
-        "--out".as_ref(),
-        r,
-    ])?;
-    let real = std::fs::read_to_string(&c.node(i).config).map_err(|e| e.to_string())?;
-    let rogue_config: String = real
-        .lines()
-        .map(|l| {
-            if l.starts_with("tls = ") {
-                format!(
-                    "tls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\" }}",
-                    rogue.join("ca.pem").display(),
-                    rogue.join(format!("{id}.pem")).display(),
-                    rogue.join(format!("{id}.key")).display()
-                )
-            } else if l.starts_with("data_dir = ") {
-                format!("data_dir = \"{}\"", rogue.join("data").display())
-            } else {
-                l.to_owned()
-            }
-        })
-        .map(|l| l + "\n")
-        .collect();
-    if !rogue_config.contains(&*rogue.to_string_lossy()) {
-        return Err("the impostor's configuration names no foreign certificate".into());
-    }
-    let rogue_path = rogue.join(format!("{id}.toml"));
-    std::fs::write(&rogue_path, rogue_config).map_err(|e| e.to_string())?;
+    let rogue_path = c.write_impostor(i)?;
 
     // The probe key goes quiet, so that any move of the members' views while the impostor
     // runs can only come from it.
@@ -752,7 +711,7 @@ fn impostor_watch(
         members
             .iter()
             .filter_map(|&j| c.metrics(j).ok())
-            .filter_map(|m| client::metric(&m, "levee_transport_handshakes_refused_total", &[]))
+            .filter_map(|m| metric(&m, "levee_transport_handshakes_refused_total", &[]))
             .sum()
     };
     let refused_before = refused(c);
@@ -769,7 +728,7 @@ fn impostor_watch(
         end_ms: None,
     });
     let until = Instant::now() + Duration::from_millis(for_ms);
-    let agent = client::agent(Duration::from_secs(3));
+    let agent = agent(Duration::from_secs(3));
     let body = serde_json::json!({ "rule": PROBE_RULE, "key": data.probe_key }).to_string();
     let url = c.url(i, "/v1/check");
     while Instant::now() < until {

@@ -24,6 +24,7 @@
 
 use std::collections::BTreeMap;
 
+use levee_blackbox::cluster::{Attribution, attribute};
 use serde::Serialize;
 
 use crate::cluster::REGIONS;
@@ -117,17 +118,10 @@ pub fn account(
                 allowed: true,
                 reset_after_ms,
                 degraded,
-            } => {
-                let lo = sent + *reset_after_ms as i64;
-                let hi = received + *reset_after_ms as i64;
-                // The least multiple of w at or above lo.
-                let end = (lo + w - 1).div_euclid(w) * w;
-                if end > hi {
-                    a.unattributable += 1;
-                } else if end + w <= hi {
-                    a.admitted_straddling += 1;
-                } else {
-                    let win = end / w - 1;
+            } => match attribute(sent, received, *reset_after_ms, window_ms) {
+                Attribution::Unattributable => a.unattributable += 1,
+                Attribution::Straddling => a.admitted_straddling += 1,
+                Attribution::Window(win) => {
                     if same_window && sent.div_euclid(w) != win {
                         a.disagreements += 1;
                     }
@@ -137,7 +131,7 @@ pub fn account(
                         c.degraded += 1;
                     }
                 }
-            }
+            },
             Outcome::Decided {
                 allowed: false,
                 degraded,

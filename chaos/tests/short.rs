@@ -10,7 +10,8 @@
 
 use std::time::Instant;
 
-use levee_chaos::{RunOptions, Scenario, binary::levee_binary, run};
+use levee_blackbox::find_levee_binary as levee_binary;
+use levee_chaos::{RunOptions, Scenario, run};
 
 #[test]
 fn a_partitioned_region_keeps_every_invariant_and_views_agree_after_the_heal() {

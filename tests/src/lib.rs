@@ -8,6 +8,9 @@
 //!
 //! Every [`Node`] owns its temporary directory and its process: dropping it sends SIGTERM,
 //! waits a little, kills the process if it is still there, and removes the directory.
+//!
+//! [`cluster`] starts a multi-region cluster of such processes (the cluster tests and the
+//! chaos suite use it).
 
 use std::fs::File;
 use std::io::Write as _;
@@ -20,64 +23,104 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod cluster;
+
 /// How long a node may take to answer `/readyz` with 200.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a node may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The `levee` binary: `target/<profile>/levee` beside this test's executable. `LEVEE_BIN`
-/// overrides the path.
-///
-/// Under `cargo test` (which does not build other packages' binaries) the first call runs
-/// `cargo build -p levee --bin levee` into the same target directory, so the tests never run
-/// a stale binary; that is a no-op when it is up to date. Run directly, the test executable
-/// builds the binary only when it is missing.
+/// The `levee` binary: `target/<profile>/levee` beside this test's executable, built if
+/// need be (see [`find_levee_binary`]); panics if it cannot be had.
 pub fn levee_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("LEVEE_BIN") {
-            return PathBuf::from(p);
-        }
-        let exe = std::env::current_exe().expect("the test executable's path");
-        // target/<profile>/deps/<test> → target/<profile>
-        let profile_dir = exe
+    BIN.get_or_init(|| find_levee_binary().unwrap_or_else(|e| panic!("the levee binary: {e}")))
+}
+
+/// The `levee` binary beside the running executable: `target/<profile>/levee` (a test
+/// executable lives in `target/<profile>/deps/`, a runner such as `levee-chaos` in
+/// `target/<profile>/`). `LEVEE_BIN` overrides the path.
+///
+/// When run by cargo (`cargo test`, `cargo run`: `CARGO` is set), which does not build other
+/// packages' binaries, or when the binary is missing, it first runs `cargo build -p levee
+/// --bin levee` for the same profile into the same target directory, so a run never uses a
+/// stale binary; that is a no-op when it is up to date.
+pub fn find_levee_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("LEVEE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("the executable's path: {e}"))?;
+    let mut profile_dir = exe
+        .parent()
+        .ok_or("the executable has no directory")?
+        .to_owned();
+    if profile_dir.file_name().is_some_and(|n| n == "deps") {
+        profile_dir = profile_dir
             .parent()
-            .and_then(Path::parent)
-            .expect("the test executable lives in target/<profile>/deps")
+            .ok_or("deps/ has no parent")?
             .to_owned();
-        let bin = profile_dir.join(format!("levee{}", std::env::consts::EXE_SUFFIX));
-        let cargo = std::env::var_os("CARGO");
-        if cargo.is_some() || !bin.exists() {
-            let mut cmd = Command::new(cargo.unwrap_or_else(|| "cargo".into()));
-            cmd.args(["build", "--quiet", "-p", "levee", "--bin", "levee"]);
-            match profile_dir.file_name().and_then(|n| n.to_str()) {
-                Some("debug") | None => {}
-                Some("release") => {
-                    cmd.arg("--release");
-                }
-                Some(other) => {
-                    cmd.args(["--profile", other]);
-                }
-            }
-            if let Some(target_dir) = profile_dir.parent() {
-                cmd.arg("--target-dir").arg(target_dir);
-            }
-            let status = cmd
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("cannot run cargo to build the levee binary");
-            assert!(
-                status.success(),
-                "`cargo build -p levee --bin levee` failed"
-            );
-            assert!(
-                bin.exists(),
+    }
+    let bin = profile_dir.join(format!("levee{}", std::env::consts::EXE_SUFFIX));
+    let cargo = std::env::var_os("CARGO");
+    if cargo.is_some() || !bin.exists() {
+        build_levee(&profile_dir, cargo.unwrap_or_else(|| "cargo".into()))?;
+        if !bin.exists() {
+            return Err(format!(
                 "cargo built levee but {} does not exist",
                 bin.display()
-            );
+            ));
         }
-        bin
-    })
+    }
+    Ok(bin)
+}
+
+fn build_levee(profile_dir: &Path, cargo: std::ffi::OsString) -> Result<(), String> {
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "levee", "--bin", "levee"]);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(other) => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    if let Some(target_dir) = profile_dir.parent() {
+        cmd.arg("--target-dir").arg(target_dir);
+    }
+    // Under `cargo test` this process carries the variables cargo sets for *this* package
+    // (`CARGO_MANIFEST_DIR` …). Build scripts that track them (ring's does) would see them
+    // change between this build and a plain `cargo build`, and rebuild half the tree every
+    // time; the nested build gets the environment a shell would give it.
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_BIN_NAME"
+                | "OUT_DIR"
+        ) || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+        {
+            cmd.env_remove(name);
+        }
+    }
+    let status = cmd
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .map_err(|e| format!("cannot run cargo to build levee: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`cargo build -p levee --bin levee` failed: {status}"
+        ))
+    }
 }
 
 /// A `levee` command (not a node): `levee config check …`, `levee check …`.
@@ -768,15 +811,40 @@ impl std::fmt::Debug for Node {
 }
 
 fn new_agent() -> ureq::Agent {
+    agent(Duration::from_secs(30))
+}
+
+/// A keep-alive HTTP client whose requests give up after `timeout`; a 4xx or 5xx is an
+/// answer, not an error.
+pub fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
+        .timeout_global(Some(timeout))
         .build()
         .into()
 }
 
+/// One HTTP exchange (a `body` is sent as JSON); `Err` if there was no answer.
+pub fn http(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+) -> Result<Reply, String> {
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    let result = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            agent.run(req.body(b.as_bytes().to_vec()).map_err(|e| e.to_string())?)
+        }
+        None => agent.run(req.body(()).map_err(|e| e.to_string())?),
+    };
+    let resp = result.map_err(|e| e.to_string())?;
+    Reply::read(resp).map_err(|e| e.to_string())
+}
+
 /// `kill -<signal> <pid>`; whether it was delivered.
-fn send_signal(pid: u32, signal: &str) -> bool {
+pub fn send_signal(pid: u32, signal: &str) -> bool {
     Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
@@ -795,4 +863,31 @@ fn write_file(path: &Path, text: &str) {
 fn toml_string(p: &Path) -> String {
     let s = p.display().to_string();
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_sample_by_its_exact_label_set() {
+        let text = "# HELP x\nlevee_transport_connections_total{peer=\"eu-2\",direction=\"outbound\"} 3\n\
+                    levee_transport_connections_total{direction=\"inbound\",peer=\"eu-2\"} 1\nplain 7\n";
+        let name = "levee_transport_connections_total";
+        assert_eq!(
+            metric(text, name, &[("direction", "outbound"), ("peer", "eu-2")]),
+            Some(3.0)
+        );
+        assert_eq!(
+            metric(text, name, &[("peer", "eu-2"), ("direction", "inbound")]),
+            Some(1.0)
+        );
+        assert_eq!(metric(text, name, &[("peer", "eu-2")]), None);
+        assert_eq!(metric(text, "plain", &[]), Some(7.0));
+    }
+
+    #[test]
+    fn encodes_reserved_bytes() {
+        assert_eq!(encode_segment("a b/ü"), "a%20b%2F%C3%BC");
+    }
 }
