@@ -32,7 +32,7 @@ pub mod membership;
 pub mod memory;
 pub mod ring;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use levee_core::{
     ClusterView, Consistency, KeyCrdt, Millis, NodeIdx, RegionIdx, RegionMask, ReplicaSet,
@@ -46,6 +46,10 @@ use ring::Rings;
 pub const DIGEST_BUCKETS: u32 = 256;
 /// Most keys in one message.
 pub const MAX_KEYS_PER_MESSAGE: usize = 256;
+/// Most keys re-sent every interval to a peer that does not hear this node.
+pub const MAX_KEYS_BEHIND: usize = 64;
+/// Most keys remembered as recently sent (beyond, a catch-up falls back to a full push).
+pub const MAX_RECENT_KEYS: usize = 1 << 16;
 
 /// Settings of the protocol.
 #[derive(Debug, Clone)]
@@ -87,6 +91,8 @@ pub trait KeyStates {
     fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused>;
     /// Calls `f` with every key's state and the oldest epoch still counted for it.
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64));
+    /// A copy of one key's state, if held.
+    fn get(&self, id: &[u8]) -> Option<KeyCrdt>;
     /// Strict mode: moves spare rights of recently active keys toward demand.
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx);
 }
@@ -108,7 +114,14 @@ pub struct Cluster {
     membership: Membership,
     rings: Rings,
     out: VecDeque<Outgoing>,
-    last_sent: Vec<Millis>,
+    /// Per peer, by node index: what was sent, heard and acknowledged.
+    peer: Vec<PeerState>,
+    /// Keys whose own entries this node sent recently, with when (this node's clock): what a
+    /// peer that missed our batches since some time needs again.
+    recent: HashMap<Vec<u8>, Millis>,
+    /// `recent` holds every key sent at or after this time.
+    recent_floor: Millis,
+    next_prune: Millis,
     next_anti_entropy: Millis,
     ae_cursor: usize,
     sync_gen: u64,
@@ -116,13 +129,28 @@ pub struct Cluster {
     synced: bool,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
-    /// Peers that answered our pull saying they are recovering too.
-    deferred: Vec<bool>,
     /// Regions heard from since `sync_gen` last advanced.
     heard: RegionMask,
     refused: u64,
-    /// Peers heard again, to be sent our whole state.
-    push_on_up: Vec<NodeIdx>,
+}
+
+/// What this node knows of its exchange with one peer.
+#[derive(Debug, Clone, Default)]
+struct PeerState {
+    /// When a message was last queued for it (this node's clock).
+    last_sent: Millis,
+    /// The highest `sent_at_ms` of its batches received (its clock): echoed as `ack_ms`.
+    heard_ms: u64,
+    /// The highest `sent_at_ms` of our batches it says it has received (our clock).
+    acked_ms: u64,
+    /// When we last pushed it what it missed.
+    caught_up: Millis,
+    /// It answered our pull saying it is recovering too.
+    deferred: bool,
+    /// While it does not hear us: the keys it misses, re-sent every interval so that the
+    /// first message through after a heal carries them; `None` when there are too many
+    /// (then the catch-up waits until it is heard again).
+    behind: Option<Option<BTreeSet<Vec<u8>>>>,
 }
 
 impl Cluster {
@@ -136,17 +164,18 @@ impl Cluster {
             membership,
             rings,
             out: VecDeque::new(),
-            last_sent: vec![0; n],
+            peer: vec![PeerState::default(); n],
+            recent: HashMap::new(),
+            recent_floor: now,
+            next_prune: now,
             next_anti_entropy: now + cfg.anti_entropy_interval,
             ae_cursor: 0,
             sync_gen: 0,
             started: now,
             synced: n == 1,
             last_pull: now,
-            deferred: vec![false; n],
             heard: RegionMask::EMPTY,
             refused: 0,
-            push_on_up: Vec::new(),
             cfg,
         };
         for peer in c.peers() {
@@ -173,9 +202,22 @@ impl Cluster {
             .collect()
     }
 
-    fn send(&mut self, to: NodeIdx, msg: Message, now: Millis) {
-        self.last_sent[usize::from(to.0)] = now;
+    fn send(&mut self, to: NodeIdx, mut msg: Message, now: Millis) {
+        let p = &mut self.peer[usize::from(to.0)];
+        p.last_sent = now;
+        if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &mut msg {
+            b.ack_ms = p.heard_ms;
+        }
         self.out.push_back(Outgoing { to, msg });
+    }
+
+    /// A batch of keys sent now (its `ack_ms` is set per destination by [`Cluster::send`]).
+    fn batch(now: Millis, keys: Vec<WireKey>) -> DeltaBatch {
+        DeltaBatch {
+            sent_at_ms: now,
+            ack_ms: 0,
+            keys,
+        }
     }
 
     /// The next message to send.
@@ -235,28 +277,21 @@ impl Cluster {
             .collect()
     }
 
-    fn apply(&mut self, changes: Vec<Change>, now: Millis) {
+    fn apply(&mut self, changes: Vec<Change>) {
         if changes.is_empty() {
             return;
         }
         let m = &self.membership;
         self.rings = Rings::new(&self.cfg.replicas, |n| m.is_reachable(n));
-        for c in changes {
-            if let Change::Up(peer) = c {
-                // Heard again after a silence (or for the first time): ask for its state, and
-                // push ours, so a healed partition converges within a round trip.
-                self.out.push_back(Outgoing {
-                    to: peer,
-                    msg: Message::PullRequest,
-                });
-                self.push_on_up.push(peer);
-                self.last_sent[usize::from(peer.0)] = now;
-            }
-        }
     }
 
     fn pull_retry(&self) -> Millis {
         (self.cfg.suspect_after / 2).max(self.cfg.gossip_interval)
+    }
+
+    /// A peer whose acknowledgements lag this far behind our sends does not hear us.
+    fn deaf_after(&self) -> Millis {
+        (self.cfg.suspect_after / 2).max(4 * self.cfg.gossip_interval)
     }
 
     /// A message from `from`.
@@ -271,12 +306,33 @@ impl Cluster {
             self.refused += 1;
             return;
         }
-        if let Some(change) = self.membership.heard(from, now) {
-            self.apply(vec![change], now);
+        let i = usize::from(from.0);
+        let up = self.membership.heard(from, now);
+        if let Some(change) = up {
+            self.apply(vec![change]);
         }
         self.heard = self.heard.with(self.cfg.replicas.region_of(from));
-        for peer in std::mem::take(&mut self.push_on_up) {
-            self.push_all(peer, now, store, |_| true, false);
+        if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
+            let p = &mut self.peer[i];
+            p.heard_ms = p.heard_ms.max(b.sent_at_ms);
+            // An ack from the future (our clock stepped back at a restart) says nothing.
+            let ack = b.ack_ms.min(now);
+            let prev = p.acked_ms;
+            if up.is_some() {
+                // Heard again after a silence: it most likely missed what we sent since its
+                // last acknowledgement. Push that at once, without waiting to be asked, so a
+                // healed partition converges within one round trip.
+                self.catch_up(from, prev, true, now, store);
+            } else if ack > prev.saturating_add(self.deaf_after()) && self.peer[i].caught_up <= prev
+            {
+                // It had stopped hearing us (a link cut one way) and hears us again.
+                self.catch_up(from, prev, false, now, store);
+            }
+            let p = &mut self.peer[i];
+            p.acked_ms = p.acked_ms.max(ack);
+        } else if up.is_some() {
+            let prev = self.peer[i].acked_ms;
+            self.catch_up(from, prev, true, now, store);
         }
         match msg {
             Message::Hello(_) => {}
@@ -287,7 +343,7 @@ impl Cluster {
                 self.push_all(from, now, store, |_| true, false);
                 self.send(from, Message::PullDeferred, now);
             }
-            Message::PullDeferred => self.deferred[usize::from(from.0)] = true,
+            Message::PullDeferred => self.peer[i].deferred = true,
             Message::PullChunk { batch, done } => {
                 self.merge_batch(&batch, now, store);
                 if done {
@@ -331,6 +387,71 @@ impl Cluster {
         }
     }
 
+    /// The keys sent since `since` (with a margin for batches reordered around the last one
+    /// acknowledged), or `None` if `recent` no longer reaches back that far.
+    fn sent_since(&self, since: Millis) -> Option<BTreeSet<Vec<u8>>> {
+        let from = since.saturating_sub(2 * self.cfg.gossip_interval);
+        if since == 0 || from < self.recent_floor {
+            return None;
+        }
+        Some(
+            self.recent
+                .iter()
+                .filter(|(_, t)| **t >= from)
+                .map(|(id, _)| id.clone())
+                .collect(),
+        )
+    }
+
+    /// Pushes `to` the state of every key we sent since it last acknowledged us (`since`);
+    /// if we no longer know which those are, everything when `or_all`, else nothing (left to
+    /// anti-entropy).
+    fn catch_up(
+        &mut self,
+        to: NodeIdx,
+        since: Millis,
+        or_all: bool,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        self.peer[usize::from(to.0)].caught_up = now;
+        match self.sent_since(since) {
+            Some(ids) => self.push_ids(to, ids.iter(), now, store),
+            None if or_all => self.push_all(to, now, store, |_| true, false),
+            None => {}
+        }
+    }
+
+    /// Sends the current state of these keys, in messages of at most
+    /// [`MAX_KEYS_PER_MESSAGE`].
+    fn push_ids<'a>(
+        &mut self,
+        to: NodeIdx,
+        ids: impl Iterator<Item = &'a Vec<u8>>,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        let mut keys = Vec::new();
+        for id in ids {
+            if let Some(state) = store.get(id) {
+                keys.push(WireKey {
+                    id: id.clone(),
+                    state,
+                });
+            }
+            if keys.len() == MAX_KEYS_PER_MESSAGE {
+                self.send(
+                    to,
+                    Message::Deltas(Self::batch(now, std::mem::take(&mut keys))),
+                    now,
+                );
+            }
+        }
+        if !keys.is_empty() {
+            self.send(to, Message::Deltas(Self::batch(now, keys)), now);
+        }
+    }
+
     fn merge_batch(&mut self, batch: &DeltaBatch, now: Millis, store: &mut dyn KeyStates) {
         for k in &batch.keys {
             if store.merge(&k.id, &k.state, now).is_err() {
@@ -366,10 +487,7 @@ impl Cluster {
         }
         let last = chunks.len() - 1;
         for (i, keys) in chunks.into_iter().enumerate() {
-            let batch = DeltaBatch {
-                sent_at_ms: now,
-                keys,
-            };
+            let batch = Self::batch(now, keys);
             let msg = if pull {
                 Message::PullChunk {
                     batch,
@@ -382,10 +500,48 @@ impl Cluster {
         }
     }
 
+    /// Remembers the keys sent now, and forgets those every peer has acknowledged.
+    fn remember_sent(&mut self, ids: &[Vec<u8>], now: Millis) {
+        for id in ids {
+            match self.recent.get_mut(id.as_slice()) {
+                Some(t) => *t = now,
+                None => {
+                    self.recent.insert(id.clone(), now);
+                }
+            }
+        }
+        let over = self.recent.len() > MAX_RECENT_KEYS;
+        if now < self.next_prune && !over {
+            return;
+        }
+        self.next_prune = now + self.cfg.suspect_after / 4;
+        // Keep what the least up-to-date peer may need again (bounded by MAX_RECENT_KEYS: a
+        // peer that missed more gets everything when it is heard again).
+        let mut floor = self
+            .peer
+            .iter()
+            .enumerate()
+            .filter(|&(i, p)| i != usize::from(self.cfg.me.0) && p.acked_ms > 0)
+            .map(|(_, p)| p.acked_ms.saturating_sub(2 * self.cfg.gossip_interval))
+            .min()
+            .unwrap_or(now);
+        if over {
+            let mut times: Vec<Millis> = self.recent.values().copied().collect();
+            let keep = MAX_RECENT_KEYS / 2;
+            let cut = times.len() - keep;
+            let (_, t, _) = times.select_nth_unstable(cut);
+            floor = floor.max(*t + 1);
+        }
+        if floor > self.recent_floor {
+            self.recent_floor = floor;
+            self.recent.retain(|_, t| *t >= floor);
+        }
+    }
+
     /// One gossip interval.
     pub fn handle_tick(&mut self, now: Millis, store: &mut dyn KeyStates) {
         let changes = self.membership.refresh(now);
-        self.apply(changes, now);
+        self.apply(changes);
         if !self.synced && now.saturating_sub(self.started) >= self.cfg.suspect_after {
             // Nobody can vouch for a complete state — no peer is reachable, or every reachable
             // one is recovering too (the whole cluster is starting): start from what we have.
@@ -393,7 +549,7 @@ impl Cluster {
             let all_deferred = self
                 .peers()
                 .iter()
-                .all(|&p| !m.is_reachable(p) || self.deferred[usize::from(p.0)]);
+                .all(|&p| !m.is_reachable(p) || self.peer[usize::from(p.0)].deferred);
             if all_deferred {
                 self.synced = true;
             }
@@ -417,6 +573,7 @@ impl Cluster {
         }
         // Deltas of every key changed since the last tick, to every peer.
         let peers = self.peers();
+        let mut sent_ids: Vec<Vec<u8>> = Vec::new();
         loop {
             let deltas = store.drain_deltas(MAX_KEYS_PER_MESSAGE);
             if deltas.is_empty() {
@@ -427,10 +584,8 @@ impl Cluster {
                 .into_iter()
                 .map(|(id, state)| WireKey { id, state })
                 .collect();
-            let batch = DeltaBatch {
-                sent_at_ms: now,
-                keys,
-            };
+            sent_ids.extend(keys.iter().map(|k| k.id.clone()));
+            let batch = Self::batch(now, keys);
             for &p in &peers {
                 self.send(p, Message::Deltas(batch.clone()), now);
             }
@@ -438,18 +593,43 @@ impl Cluster {
                 break;
             }
         }
-        // Heartbeats, so that silence means trouble.
-        let heartbeat = (self.cfg.suspect_after / 4).max(self.cfg.gossip_interval);
+        self.remember_sent(&sent_ids, now);
+        // A peer that does not hear us (silent, or its acknowledgements stopped) gets, every
+        // interval, the few keys it misses: the first message through after a heal carries
+        // them.
+        let deaf_after = self.deaf_after();
         for &p in &peers {
-            if now.saturating_sub(self.last_sent[usize::from(p.0)]) >= heartbeat {
-                self.send(
-                    p,
-                    Message::Deltas(DeltaBatch {
-                        sent_at_ms: now,
-                        keys: vec![],
-                    }),
-                    now,
-                );
+            let i = usize::from(p.0);
+            let st = &self.peer[i];
+            let deaf = st.acked_ms > 0
+                && (!self.membership.is_reachable(p)
+                    || now.saturating_sub(st.acked_ms) > deaf_after);
+            if !deaf {
+                self.peer[i].behind = None;
+                continue;
+            }
+            let behind = match self.peer[i].behind.take() {
+                None => self.sent_since(self.peer[i].acked_ms),
+                Some(Some(mut ids)) => {
+                    ids.extend(sent_ids.iter().cloned());
+                    Some(ids)
+                }
+                Some(None) => None,
+            };
+            let behind = behind.filter(|ids| ids.len() <= MAX_KEYS_BEHIND);
+            if let Some(ids) = &behind
+                && !ids.is_empty()
+            {
+                self.push_ids(p, ids.iter(), now, store);
+            }
+            self.peer[i].behind = Some(behind);
+        }
+        // Every peer hears from us every interval (an empty batch if nothing else): silence
+        // means trouble, a healed link is seen within an interval, and the batch carries our
+        // acknowledgement of the peer's.
+        for &p in &peers {
+            if self.peer[usize::from(p.0)].last_sent < now {
+                self.send(p, Message::Deltas(Self::batch(now, vec![])), now);
             }
         }
         // Anti-entropy with one reachable peer, round robin.

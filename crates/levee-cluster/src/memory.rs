@@ -173,6 +173,10 @@ impl KeyStates for MemoryStates {
         }
     }
 
+    fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
+        self.keys.get(id).map(|s| s.crdt().clone())
+    }
+
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
         let active = std::mem::take(&mut self.active);
         for id in active {

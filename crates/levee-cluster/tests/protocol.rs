@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig};
-use levee_core::{Consistency, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
+use levee_core::{Consistency, KeyCrdt, Lattice, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{Message, decode_frame, encode_frame};
 use proptest::prelude::*;
 
@@ -425,4 +425,91 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
         "the pull was asked again and answered"
     );
     assert_eq!(net.nodes[0].1.usage("r", "acme", net.now).unwrap().used, 25);
+}
+
+/// Runs a partition of `cut` (pairs of nodes, one direction each) long enough to be
+/// detected, with decisions on every node during it and none from 300 ms before the heal,
+/// then heals it and returns how long (simulated ms) until every node's state of the key
+/// holds everything any node held at the heal and, with `equal`, until every node's state
+/// is the same; `None` if not within `within` ms.
+fn agreement_after_heal(
+    consistency: Consistency,
+    cut: &[(usize, usize)],
+    latency: u64,
+    within: u64,
+    equal: bool,
+) -> Option<u64> {
+    // A minute's window, so that the compared state does not change windows meanwhile.
+    let rule = RuleSpec::fixed_window("r", 100_000, 60_000)
+        .validate()
+        .unwrap();
+    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule, consistency);
+    net.latency = latency;
+    net.start();
+    net.run(7); // heal off the tick grid below
+    for &(a, b) in cut {
+        net.cut[a][b] = true;
+    }
+    for _ in 0..20 {
+        for node in 0..3 {
+            net.decide(node, "acme");
+        }
+        net.run(35);
+    }
+    net.run(300);
+    for &(a, b) in cut {
+        net.cut[a][b] = false;
+    }
+    let mut at_heal = KeyCrdt::default();
+    for (_, s) in &net.nodes {
+        at_heal.join(&s.state("r", "acme").cloned().unwrap_or_default());
+    }
+    let healed = net.now;
+    while net.now < healed + within {
+        net.run(1);
+        let views: Vec<KeyCrdt> = net
+            .nodes
+            .iter()
+            .map(|(_, s)| s.state("r", "acme").cloned().unwrap_or_default())
+            .collect();
+        let holds_all = views.iter().all(|v| {
+            let mut j = v.clone();
+            !j.join(&at_heal)
+        });
+        let same = views.windows(2).all(|w| w[0] == w[1]);
+        if holds_all && (same || !equal) {
+            return Some(net.now - healed);
+        }
+    }
+    None
+}
+
+#[test]
+fn every_view_agrees_within_two_gossip_intervals_and_a_round_trip_of_a_heal() {
+    // One way 50 ms: the design's bound is 2 × 20 ms + 100 ms. Nothing is lost after the
+    // heal, and messages already on the wire when a link is cut are lost with it.
+    let latency = 50;
+    let bound = 2 * TICK + 2 * latency;
+    let isolated = [(2, 0), (0, 2), (2, 1), (1, 2)];
+    let split = [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)];
+    let one_way = [(0, 2), (1, 2)];
+    // Optimistic views must be equal. Strict views must hold everything any view held at
+    // the heal: equality there also waits for the demand forecasts, which every node keeps
+    // republishing as they decay (a write after the heal, not a partition's leftover).
+    for (consistency, equal) in [
+        (Consistency::Optimistic, true),
+        (Consistency::Strict, false),
+    ] {
+        for (name, cut) in [
+            ("region isolated", &isolated[..]),
+            ("full split", &split[..]),
+            ("one way", &one_way[..]),
+        ] {
+            let took = agreement_after_heal(consistency, cut, latency, 2_000, equal);
+            assert!(
+                took.is_some_and(|ms| ms <= bound),
+                "{consistency:?}, {name}: views agreed after {took:?} ms, bound {bound} ms"
+            );
+        }
+    }
 }

@@ -112,6 +112,10 @@ impl KeyStates for NodeStates<'_> {
         });
     }
 
+    fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
+        self.limiter.store().peek(id, |s| s.crdt().clone())
+    }
+
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
         let rules = &self.rules;
         for id in &self.active {

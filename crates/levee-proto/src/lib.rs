@@ -73,6 +73,10 @@ pub struct KeyState {
 pub struct DeltaBatch {
     /// The sender's wall clock when it sent the batch (ms since the Unix epoch).
     pub sent_at_ms: u64,
+    /// The highest `sent_at_ms` of the destination's batches the sender has received (in the
+    /// destination's clock; 0: none yet). A destination that sees this jump knows the sender
+    /// missed what it sent in between and pushes it again.
+    pub ack_ms: u64,
     /// The keys.
     pub keys: Vec<KeyState>,
 }
@@ -343,6 +347,7 @@ mod tests {
         state.holdings.give(NodeIdx(0), NodeIdx(2), 40);
         Message::Deltas(DeltaBatch {
             sent_at_ms: 1_700_000_000_123,
+            ack_ms: 1_700_000_000_101,
             keys: vec![KeyState {
                 id: b"api\0\xffacme".to_vec(),
                 state,

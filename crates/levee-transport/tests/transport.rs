@@ -79,6 +79,7 @@ fn deltas() -> Message {
     };
     Message::Deltas(DeltaBatch {
         sent_at_ms: 1_700_000_000_123,
+        ack_ms: 0,
         keys: vec![KeyState {
             id: b"api\0acme".to_vec(),
             state,
