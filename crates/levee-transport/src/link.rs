@@ -1,15 +1,27 @@
 //! The way from this node to one peer: a lazily dialled connection, redialled after failure
-//! with exponential backoff, and a bounded queue of fire-and-forget frames written one per
-//! unidirectional stream by a task of its own.
+//! with exponential backoff, and a bounded queue of fire-and-forget frames written by a task
+//! of its own, in order, on one long-lived unidirectional stream per connection.
+//!
+//! Why one stream, not one per frame: QUIC shares a connection's bandwidth fairly between
+//! its open streams, so hundreds of one-frame streams all progress at once and each takes as
+//! long as the whole backlog; under load (a fast fill) every frame then outlived the
+//! receiver's payload timeout and was thrown away, which made the backlog worse. On one
+//! stream frames arrive whole and in order, the first first, and a slow reader slows the
+//! writer down through the stream's flow control instead of timing frames out.
 //!
 //! Guarantees: a caller never waits on the network to enqueue a frame; a frame that cannot be
-//! sent (queue full, peer unreachable or backing off, stream failed) is dropped and counted,
-//! never retried — the replication protocol above tolerates loss; while a dial has failed, no
-//! new dial happens before the backoff expires, however many frames are sent.
+//! sent (queue full — more than [`SEND_QUEUE_FRAMES`] frames or [`SEND_QUEUE_BYTES`] bytes
+//! waiting —, peer unreachable or backing off, stream failed) is dropped and counted, never
+//! retried — the replication protocol above tolerates loss; while a dial has failed, no new
+//! dial happens before the backoff expires, however many frames are sent. What waits is
+//! visible: `levee_transport_queue_frames{peer}` and `levee_transport_queue_bytes{peer}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use quinn::SendStream;
 
 use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
@@ -17,11 +29,14 @@ use tracing::{debug, warn};
 
 use crate::connection::{PeerConn, connect, refuse};
 use crate::frame_io::{FrameError, read_frame, write_frame};
+
 use crate::metrics;
 use crate::transport::{Shared, TransportError};
 
 /// Frames waiting to be written to one peer; beyond this, new frames are dropped.
-const SEND_QUEUE_FRAMES: usize = 1024;
+pub(crate) const SEND_QUEUE_FRAMES: usize = 1024;
+/// Bytes of frames waiting to be written to one peer; beyond this, new frames are dropped.
+pub(crate) const SEND_QUEUE_BYTES: usize = 16 << 20;
 /// A dial (QUIC and TLS handshake, then `Hello`s) that takes longer than this has failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// First wait after a failed dial; doubles with every further failure.
@@ -34,6 +49,8 @@ pub(crate) struct PeerLink {
     id: String,
     addr: SocketAddr,
     queue: mpsc::Sender<Vec<u8>>,
+    /// Bytes of the frames in `queue`.
+    queued_bytes: AtomicUsize,
     state: Mutex<LinkState>,
     shared: Arc<Shared>,
 }
@@ -54,6 +71,7 @@ impl PeerLink {
             id,
             addr,
             queue,
+            queued_bytes: AtomicUsize::new(0),
             state: Mutex::new(LinkState::default()),
             shared,
         });
@@ -63,15 +81,32 @@ impl PeerLink {
 
     /// Queues a whole frame for the sending task, or drops it if the queue is full.
     pub(crate) fn enqueue(&self, frame: Vec<u8>) {
+        let len = frame.len();
+        let before = self.queued_bytes.fetch_add(len, Ordering::AcqRel);
+        if before + len > SEND_QUEUE_BYTES {
+            self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+            metrics::frame_dropped(&self.id, "queue_full");
+            return;
+        }
         match self.queue.try_send(frame) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                metrics::frame_dropped(&self.id, "queue_full")
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                metrics::frame_dropped(&self.id, "shutdown")
+            Ok(()) => self.report_queue(),
+            Err(e) => {
+                self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => {
+                        metrics::frame_dropped(&self.id, "queue_full")
+                    }
+                    mpsc::error::TrySendError::Closed(_) => {
+                        metrics::frame_dropped(&self.id, "shutdown")
+                    }
+                }
             }
         }
+    }
+
+    fn report_queue(&self) {
+        let frames = self.queue.max_capacity() - self.queue.capacity();
+        metrics::queue(&self.id, frames, self.queued_bytes.load(Ordering::Acquire));
     }
 
     /// Sends a whole frame on a new bidirectional stream and reads one frame back.
@@ -114,6 +149,7 @@ impl PeerLink {
 
     async fn run(self: Arc<Self>, mut frames: mpsc::Receiver<Vec<u8>>) {
         let mut shutdown = self.shared.shutdown.clone();
+        let mut stream: Option<(usize, SendStream)> = None;
         loop {
             let frame = tokio::select! {
                 frame = frames.recv() => match frame {
@@ -122,11 +158,17 @@ impl PeerLink {
                 },
                 _ = shutdown.wait_for(|down| *down) => return,
             };
-            self.write(frame).await;
+            self.queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
+            self.report_queue();
+            tokio::select! {
+                () = self.write(&mut stream, frame) => {}
+                _ = shutdown.wait_for(|down| *down) => return,
+            }
         }
     }
 
-    async fn write(&self, frame: Vec<u8>) {
+    /// Writes one frame on the connection's stream, opening both if needed.
+    async fn write(&self, stream: &mut Option<(usize, SendStream)>, frame: Vec<u8>) {
         let pc = match self.connection().await {
             Ok(pc) => pc,
             Err(e) => {
@@ -135,13 +177,26 @@ impl PeerLink {
                 return;
             }
         };
-        let written = async {
-            let mut stream = pc.conn.open_uni().await.map_err(|e| e.to_string())?;
-            write_frame(&mut stream, &frame).await
+        let conn_id = pc.conn.stable_id();
+        if stream.as_ref().is_none_or(|(id, _)| *id != conn_id) {
+            match pc.conn.open_uni().await {
+                Ok(s) => *stream = Some((conn_id, s)),
+                Err(e) => {
+                    metrics::frame_dropped(&self.id, "stream");
+                    debug!(peer = %self.id, error = %e, "dropped a frame: cannot open a stream");
+                    return;
+                }
+            }
+        }
+        let Some((_, send)) = stream.as_mut() else {
+            return;
         };
-        match written.await {
+        match send.write_all(&frame).await {
             Ok(()) => metrics::frame_sent(&self.id, frame.len()),
             Err(e) => {
+                // The stream is gone with its connection (or was stopped): the next frame
+                // opens a new one.
+                *stream = None;
                 metrics::frame_dropped(&self.id, "stream");
                 debug!(peer = %self.id, error = %e, "dropped a frame");
             }

@@ -5,7 +5,7 @@
 //! comes from [`levee_proto::DecodeError::kind`] (plus `stalled`), `reason` and `direction`
 //! are fixed strings.
 
-use metrics::counter;
+use metrics::{counter, gauge};
 
 /// Label value for a peer that has not identified itself yet.
 pub(crate) const UNKNOWN_PEER: &str = "unknown";
@@ -55,4 +55,10 @@ pub(crate) fn handshake_refused() {
 /// `outbound`).
 pub(crate) fn connection_established(peer: &str, direction: &'static str) {
     counter!("levee_transport_connections_total", "peer" => peer.to_owned(), "direction" => direction).increment(1);
+}
+
+/// Frames and bytes waiting in the queue to `peer`.
+pub(crate) fn queue(peer: &str, frames: usize, bytes: usize) {
+    gauge!("levee_transport_queue_frames", "peer" => peer.to_owned()).set(frames as f64);
+    gauge!("levee_transport_queue_bytes", "peer" => peer.to_owned()).set(bytes as f64);
 }

@@ -16,7 +16,7 @@ use crate::tls::{self, TlsError, TlsFiles};
 
 /// Messages received but not yet taken from the [`Inbound`] channel; beyond this, readers
 /// wait (and QUIC flow control slows the peers down).
-const INBOUND_QUEUE: usize = 4096;
+const INBOUND_QUEUE: usize = 256;
 /// How long [`Transport::shutdown`] waits for connections to finish closing.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
@@ -237,11 +237,12 @@ impl Transport {
         ))
     }
 
-    /// Sends `msg` to `peer` on a stream of its own, without waiting: the frame is queued for
+    /// Sends `msg` to `peer` without waiting: the frame is queued for
     /// the peer's link. It is dropped, and counted in `levee_transport_frames_dropped_total`,
     /// if the peer is unknown, unreachable (or backing off after a failed dial), its queue is
     /// full, the message is too large for a frame, or the transport is shut down. Delivery is
-    /// at most once and unordered relative to other frames.
+    /// at most once; frames to one peer arrive in the order sent while its connection lasts
+    /// (they share one stream), and a frame lost with a connection is not resent.
     pub fn send(&self, peer: &str, msg: &Message) {
         if *self.inner.shutdown.borrow() {
             metrics::frame_dropped(peer_label(&self.inner.links, peer), "shutdown");
