@@ -80,6 +80,8 @@ impl ChaosCluster {
         processes.clock_offsets_ms = spec.clock_offsets_ms.to_vec();
         processes.ready_timeout = READY_TIMEOUT;
         processes.restart_ready_timeout = RESTART_READY_TIMEOUT;
+        // Polling six nodes' metrics is not free on a loaded machine: not too often.
+        processes.poll_interval = Duration::from_millis(50);
         processes.dir_prefix = "levee-chaos-".into();
         let links = NODES * (NODES - 1);
         let (cluster, proxy) = Cluster::start_with(

@@ -69,13 +69,17 @@ pub struct ClusterSpec {
     pub ready_timeout: Duration,
     /// How long a restarted node may take to answer `/readyz` with 200.
     pub restart_ready_timeout: Duration,
+    /// How often the waits for a full mesh and for the peers' redial poll every node's
+    /// `/metrics` and `/v1/cluster`.
+    pub poll_interval: Duration,
     /// The prefix of the cluster's temporary directory.
     pub dir_prefix: String,
 }
 
 impl ClusterSpec {
     /// `regions` of `nodes_per_region` nodes running `rules_toml`, gossiping every 20 ms,
-    /// suspecting a peer after 500 ms, no clock offset, 20 s to be ready (after a restart too).
+    /// suspecting a peer after 500 ms, no clock offset, 20 s to be ready (after a restart too),
+    /// polling every 20 ms.
     pub fn new(
         binary: impl Into<PathBuf>,
         regions: &[&str],
@@ -92,6 +96,7 @@ impl ClusterSpec {
             clock_offsets_ms: Vec::new(),
             ready_timeout: Duration::from_secs(20),
             restart_ready_timeout: Duration::from_secs(20),
+            poll_interval: Duration::from_millis(20),
             dir_prefix: "levee-cluster-".into(),
         }
     }
@@ -577,7 +582,7 @@ impl Cluster {
                         .collect::<String>()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(self.spec.poll_interval);
         }
     }
 
@@ -663,7 +668,7 @@ impl Cluster {
                     "the other nodes did not reconnect to the restarted {id}"
                 ));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(self.spec.poll_interval);
         }
         self.wait_fully_connected(self.spec.ready_timeout)
     }
