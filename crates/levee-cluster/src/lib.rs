@@ -50,6 +50,12 @@ pub const MAX_KEYS_PER_MESSAGE: usize = 256;
 pub const MAX_KEYS_BEHIND: usize = 64;
 /// Most keys remembered as recently sent (beyond, a catch-up falls back to a full push).
 pub const MAX_RECENT_KEYS: usize = 1 << 16;
+/// Most keys of full states (pulls, anti-entropy, catch-ups) sent to one peer per gossip
+/// interval; the rest waits its turn, so a large pull cannot flood the link (deltas of
+/// changed keys are not held back).
+pub const PUSH_KEYS_PER_TICK: usize = 4 * MAX_KEYS_PER_MESSAGE;
+/// Most digest buckets repaired in one anti-entropy round.
+pub const MAX_REPAIR_BUCKETS: usize = 16;
 
 /// Settings of the protocol.
 #[derive(Debug, Clone)]
@@ -97,7 +103,7 @@ pub trait KeyStates {
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx);
 }
 
-/// Reachability and sync state of one peer, for `/v1/cluster`.
+/// Reachability and sync state of one peer, for `/v1/cluster` and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerStatus {
     /// The peer.
@@ -106,6 +112,22 @@ pub struct PeerStatus {
     pub reachable: bool,
     /// Milliseconds since last heard from.
     pub last_heard_ms_ago: Option<Millis>,
+    /// Milliseconds since we sent the latest batch the peer says it has received (about
+    /// one round trip plus an interval when it keeps up); `None` before its first ack.
+    pub ack_lag_ms: Option<Millis>,
+    /// Keys of full states (pulls, anti-entropy, catch-ups) waiting to be sent to it.
+    pub backlog_keys: usize,
+}
+
+/// A key waiting in a peer's push queue.
+#[derive(Debug, Clone)]
+enum Push {
+    /// A key's state, as `Deltas`.
+    Key(Vec<u8>),
+    /// A key's state, as part of the answer to a pull.
+    Pull(Vec<u8>),
+    /// The end of the answer to a pull.
+    PullDone,
 }
 
 /// The replication state machine of one node.
@@ -147,6 +169,12 @@ struct PeerState {
     caught_up: Millis,
     /// It answered our pull saying it is recovering too.
     deferred: bool,
+    /// Full states waiting to be sent to it, paced by `budget`.
+    queue: VecDeque<Push>,
+    /// An answer to its pull is in `queue`.
+    pull_queued: bool,
+    /// Keys that may still be pushed to it this interval.
+    budget: usize,
     /// While it does not hear us: the keys it misses, re-sent every interval so that the
     /// first message through after a heal carries them; `None` when there are too many
     /// (then the catch-up waits until it is heard again).
@@ -164,7 +192,13 @@ impl Cluster {
             membership,
             rings,
             out: VecDeque::new(),
-            peer: vec![PeerState::default(); n],
+            peer: vec![
+                PeerState {
+                    budget: PUSH_KEYS_PER_TICK,
+                    ..PeerState::default()
+                };
+                n
+            ],
             recent: HashMap::new(),
             recent_floor: now,
             next_prune: now,
@@ -266,13 +300,22 @@ impl Cluster {
     pub fn peers_status(&self, now: Millis) -> Vec<PeerStatus> {
         self.peers()
             .into_iter()
-            .map(|node| PeerStatus {
-                node,
-                reachable: self.membership.is_reachable(node),
-                last_heard_ms_ago: self
-                    .membership
-                    .last_heard(node)
-                    .map(|t| now.saturating_sub(t)),
+            .map(|node| {
+                let p = &self.peer[usize::from(node.0)];
+                PeerStatus {
+                    node,
+                    reachable: self.membership.is_reachable(node),
+                    last_heard_ms_ago: self
+                        .membership
+                        .last_heard(node)
+                        .map(|t| now.saturating_sub(t)),
+                    ack_lag_ms: (p.acked_ms > 0).then(|| now.saturating_sub(p.acked_ms)),
+                    backlog_keys: p
+                        .queue
+                        .iter()
+                        .filter(|q| !matches!(q, Push::PullDone))
+                        .count(),
+                }
             })
             .collect()
     }
@@ -350,9 +393,18 @@ impl Cluster {
                     self.synced = true;
                 }
             }
-            Message::Digest(d) => {
+            // While the peer has a backlog from us, buckets differ because of what is still
+            // on its way: repairing them would only add to it.
+            Message::Digest(d) if self.peer[i].queue.is_empty() => {
                 let mine = digest(store, now, d.buckets);
-                let differ = differing(&mine, &d);
+                let mut differ = differing(&mine, &d);
+                if differ.len() > MAX_REPAIR_BUCKETS {
+                    // A bounded repair per round, starting at a different bucket each time.
+                    let start = self.ae_cursor % differ.len();
+                    differ.rotate_left(start);
+                    differ.truncate(MAX_REPAIR_BUCKETS);
+                    differ.sort_unstable();
+                }
                 if !differ.is_empty() {
                     let buckets = d.buckets;
                     let wanted = differ.clone();
@@ -360,19 +412,25 @@ impl Cluster {
                         from,
                         now,
                         store,
-                        move |id| differ.contains(&bucket_of(id, buckets)),
+                        move |id| differ.binary_search(&bucket_of(id, buckets)).is_ok(),
                         false,
                     );
                     self.send(from, Message::BucketRequest { buckets, wanted }, now);
                 }
             }
-            Message::BucketRequest { buckets, wanted } => {
+            Message::Digest(_) => {}
+            Message::BucketRequest {
+                buckets,
+                mut wanted,
+            } => {
                 if buckets > 0 && buckets <= 1 << 16 {
+                    wanted.truncate(MAX_REPAIR_BUCKETS);
+                    wanted.sort_unstable();
                     self.push_all(
                         from,
                         now,
                         store,
-                        move |id| wanted.contains(&bucket_of(id, buckets)),
+                        move |id| wanted.binary_search(&bucket_of(id, buckets)).is_ok(),
                         false,
                     );
                 } else {
@@ -385,6 +443,7 @@ impl Cluster {
             | Message::ForwardReply { .. }
             | Message::RightsRequest { .. } => {}
         }
+        self.pump(from, now, store);
     }
 
     /// The keys sent since `since` (with a margin for batches reordered around the last one
@@ -416,8 +475,11 @@ impl Cluster {
     ) {
         self.peer[usize::from(to.0)].caught_up = now;
         match self.sent_since(since) {
-            Some(ids) => self.push_ids(to, ids.iter(), now, store),
-            None if or_all => self.push_all(to, now, store, |_| true, false),
+            Some(ids) => self.peer[usize::from(to.0)]
+                .queue
+                .extend(ids.into_iter().map(Push::Key)),
+            // A peer that never acknowledged us has just started: it pulls everything.
+            None if or_all && since > 0 => self.push_all(to, now, store, |_| true, false),
             None => {}
         }
     }
@@ -460,7 +522,9 @@ impl Cluster {
         }
     }
 
-    /// Sends every key for which `want` holds, in chunks; `pull` marks the last chunk done.
+    /// Queues every key for which `want` holds for `to` (sent by [`Cluster::pump`]); `pull`
+    /// makes it the answer to a pull, whose last chunk says `done`. One answer to a pull at a
+    /// time per peer: a repeated request while one is queued is already being answered.
     fn push_all(
         &mut self,
         to: NodeIdx,
@@ -469,30 +533,64 @@ impl Cluster {
         want: impl Fn(&[u8]) -> bool,
         pull: bool,
     ) {
-        let mut chunk = Vec::new();
-        let mut chunks = Vec::new();
-        store.for_each(now, &mut |id, state, _| {
+        let p = &mut self.peer[usize::from(to.0)];
+        if pull && p.pull_queued {
+            return;
+        }
+        store.for_each(now, &mut |id, _, _| {
             if want(id) {
-                chunk.push(WireKey {
-                    id: id.to_vec(),
-                    state: state.clone(),
+                p.queue.push_back(if pull {
+                    Push::Pull(id.to_vec())
+                } else {
+                    Push::Key(id.to_vec())
                 });
-                if chunk.len() == MAX_KEYS_PER_MESSAGE {
-                    chunks.push(std::mem::take(&mut chunk));
-                }
             }
         });
-        if !chunk.is_empty() || chunks.is_empty() {
-            chunks.push(chunk);
+        if pull {
+            p.queue.push_back(Push::PullDone);
+            p.pull_queued = true;
         }
-        let last = chunks.len() - 1;
-        for (i, keys) in chunks.into_iter().enumerate() {
+    }
+
+    /// Sends `to` what its queue holds, up to this interval's budget, in messages of at most
+    /// [`MAX_KEYS_PER_MESSAGE`] keys, each key's state as it is now.
+    fn pump(&mut self, to: NodeIdx, now: Millis, store: &mut dyn KeyStates) {
+        let i = usize::from(to.0);
+        loop {
+            let p = &mut self.peer[i];
+            if p.queue.is_empty() || p.budget == 0 {
+                return;
+            }
+            let pull = matches!(p.queue.front(), Some(Push::Pull(_) | Push::PullDone));
+            let mut keys = Vec::new();
+            let mut done = false;
+            while keys.len() < MAX_KEYS_PER_MESSAGE && p.budget > 0 {
+                let id = match p.queue.front() {
+                    Some(Push::Key(id)) if !pull => id,
+                    Some(Push::Pull(id)) if pull => id,
+                    Some(Push::PullDone) if pull => {
+                        p.queue.pop_front();
+                        p.pull_queued = false;
+                        done = true;
+                        break;
+                    }
+                    _ => break,
+                };
+                if let Some(state) = store.get(id) {
+                    keys.push(WireKey {
+                        id: id.clone(),
+                        state,
+                    });
+                    p.budget -= 1;
+                }
+                p.queue.pop_front();
+            }
+            if keys.is_empty() && !done {
+                continue;
+            }
             let batch = Self::batch(now, keys);
             let msg = if pull {
-                Message::PullChunk {
-                    batch,
-                    done: i == last,
-                }
+                Message::PullChunk { batch, done }
             } else {
                 Message::Deltas(batch)
             };
@@ -594,6 +692,10 @@ impl Cluster {
             }
         }
         self.remember_sent(&sent_ids, now);
+        for &p in &peers {
+            self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
+            self.pump(p, now, store);
+        }
         // A peer that does not hear us (silent, or its acknowledgements stopped) gets, every
         // interval, the few keys it misses: the first message through after a heal carries
         // them.
@@ -635,10 +737,17 @@ impl Cluster {
         // Anti-entropy with one reachable peer, round robin.
         if now >= self.next_anti_entropy {
             self.next_anti_entropy = now + self.cfg.anti_entropy_interval;
+            // Only to a peer that keeps up: with a backlog, buckets differ because of what is
+            // still on its way.
             let reachable: Vec<NodeIdx> = peers
                 .iter()
                 .copied()
-                .filter(|&p| self.membership.is_reachable(p))
+                .filter(|&p| {
+                    let st = &self.peer[usize::from(p.0)];
+                    self.membership.is_reachable(p)
+                        && st.queue.is_empty()
+                        && now.saturating_sub(st.acked_ms) <= deaf_after
+                })
                 .collect();
             if !reachable.is_empty() {
                 let to = reachable[self.ae_cursor % reachable.len()];

@@ -513,3 +513,67 @@ fn every_view_agrees_within_two_gossip_intervals_and_a_round_trip_of_a_heal() {
         }
     }
 }
+
+#[test]
+fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
+    use levee_cluster::PUSH_KEYS_PER_TICK;
+    let set = replicas(&["eu", "us"], 1);
+    let cfg = ClusterConfig {
+        me: NodeIdx(0),
+        replicas: set.clone(),
+        consistency: Consistency::Optimistic,
+        gossip_interval: TICK,
+        suspect_after: 300,
+        anti_entropy_interval: 200,
+    };
+    let mut cluster = Cluster::new(cfg, T0);
+    let mut store = MemoryStates::new(NodeIdx(0), set, vec![window_rule(100)]);
+    let keys = 3 * PUSH_KEYS_PER_TICK + 100;
+    for k in 0..keys {
+        store.decide("r", &format!("k{k}"), 1, T0, cluster.view());
+    }
+    // Nobody answered its own pull within suspect_after: it starts from what it has.
+    let mut now = T0 + 320;
+    cluster.handle_tick(now, &mut store);
+    assert!(cluster.is_synced());
+    while cluster.poll_transmit().is_some() {}
+    // Every key's state, counted per key, and the keys sent per step.
+    let mut seen = std::collections::BTreeMap::<Vec<u8>, usize>::new();
+    let mut done = 0;
+    // Keys of pull answers sent, counting `done`s.
+    let drain = |cluster: &mut Cluster,
+                 seen: &mut std::collections::BTreeMap<Vec<u8>, usize>,
+                 done: &mut usize| {
+        let mut n = 0;
+        while let Some(out) = cluster.poll_transmit() {
+            if let Message::PullChunk { batch, done: d } = out.msg {
+                n += batch.keys.len();
+                for k in batch.keys {
+                    *seen.entry(k.id).or_default() += 1;
+                }
+                *done += usize::from(d);
+            }
+        }
+        n
+    };
+    cluster.handle_message(NodeIdx(1), Message::PullRequest, now, &mut store);
+    assert!(drain(&mut cluster, &mut seen, &mut done) <= PUSH_KEYS_PER_TICK);
+    for _ in 0..10 {
+        now += TICK;
+        cluster.handle_tick(now, &mut store);
+        let mut n = drain(&mut cluster, &mut seen, &mut done);
+        if done == 0 {
+            // The requester asks again meanwhile (its retry timer): the answer already
+            // under way is not repeated.
+            cluster.handle_message(NodeIdx(1), Message::PullRequest, now, &mut store);
+            n += drain(&mut cluster, &mut seen, &mut done);
+        }
+        assert!(n <= PUSH_KEYS_PER_TICK, "{n} keys in one interval");
+        if done == 1 {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), keys, "every key was sent");
+    assert!(seen.values().all(|&n| n == 1), "no key was sent twice");
+    assert_eq!(done, 1, "one answer, marked done once");
+}
