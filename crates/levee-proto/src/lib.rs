@@ -39,8 +39,9 @@ pub fn decode_id(id: &[u8]) -> Option<(&str, Option<u8>, &str)> {
     Some((rule, (bucket != NO_BUCKET).then_some(bucket), key))
 }
 
-/// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// The protocol version this build speaks. 2: batches carry `ack_ms` and their keys as a
+/// (possibly deflated) block.
+pub const VERSION: u8 = 2;
 /// The largest payload accepted, in bytes.
 pub const MAX_FRAME_BYTES: usize = 4 << 20;
 /// The size of a frame header.
@@ -69,7 +70,13 @@ pub struct KeyState {
 }
 
 /// Deltas (or full states) of many keys, from one node.
+///
+/// On the wire the keys are one block: their bincode encoding, deflated when that is
+/// smaller (it is for any batch of more than a few keys: ids share rule names and key
+/// prefixes, clock values share their high bytes). Decoding inflates at most
+/// [`MAX_FRAME_BYTES`] and refuses a block whose announced and actual lengths differ.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "WireBatch", try_from = "WireBatch")]
 pub struct DeltaBatch {
     /// The sender's wall clock when it sent the batch (ms since the Unix epoch).
     pub sent_at_ms: u64,
@@ -79,6 +86,96 @@ pub struct DeltaBatch {
     pub ack_ms: u64,
     /// The keys.
     pub keys: Vec<KeyState>,
+}
+
+/// How a batch's keys are encoded: bincode, as is.
+const KEYS_PLAIN: u8 = 0;
+/// How a batch's keys are encoded: bincode, then raw deflate.
+const KEYS_DEFLATE: u8 = 1;
+/// Blocks shorter than this are sent as they are.
+const DEFLATE_FROM_BYTES: usize = 64;
+/// Deflate level: the fastest; a batch's redundancy is in long repeats it finds anyway.
+const DEFLATE_LEVEL: u8 = 1;
+
+/// A [`DeltaBatch`] as it travels.
+#[derive(Serialize, Deserialize)]
+struct WireBatch {
+    sent_at_ms: u64,
+    ack_ms: u64,
+    /// [`KEYS_PLAIN`] or [`KEYS_DEFLATE`].
+    codec: u8,
+    /// The length of the bincode encoding of the keys.
+    raw_len: u32,
+    /// The keys' block.
+    block: Vec<u8>,
+}
+
+impl From<DeltaBatch> for WireBatch {
+    fn from(b: DeltaBatch) -> WireBatch {
+        // Encoding a Vec of plain structs into memory cannot fail; an empty block would be
+        // refused by the receiver rather than misread.
+        let raw = bincode::serde::encode_to_vec(&b.keys, config()).unwrap_or_default();
+        let raw_len = raw.len() as u32;
+        let (codec, block) = if raw.len() >= DEFLATE_FROM_BYTES {
+            let packed = miniz_oxide::deflate::compress_to_vec(&raw, DEFLATE_LEVEL);
+            if packed.len() < raw.len() {
+                (KEYS_DEFLATE, packed)
+            } else {
+                (KEYS_PLAIN, raw)
+            }
+        } else {
+            (KEYS_PLAIN, raw)
+        };
+        WireBatch {
+            sent_at_ms: b.sent_at_ms,
+            ack_ms: b.ack_ms,
+            codec,
+            raw_len,
+            block,
+        }
+    }
+}
+
+impl TryFrom<WireBatch> for DeltaBatch {
+    type Error = String;
+
+    fn try_from(w: WireBatch) -> Result<DeltaBatch, String> {
+        let raw_len = w.raw_len as usize;
+        if raw_len > MAX_FRAME_BYTES {
+            return Err(format!(
+                "a batch of {raw_len} bytes is over the frame limit"
+            ));
+        }
+        let inflated;
+        let raw = match w.codec {
+            KEYS_PLAIN => w.block.as_slice(),
+            KEYS_DEFLATE => {
+                inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(&w.block, raw_len)
+                    .map_err(|e| format!("the batch's keys do not inflate: {e}"))?;
+                inflated.as_slice()
+            }
+            other => return Err(format!("unknown encoding {other} of a batch's keys")),
+        };
+        if raw.len() != raw_len {
+            return Err(format!(
+                "the batch's keys are {} bytes, {raw_len} announced",
+                raw.len()
+            ));
+        }
+        let (keys, used): (Vec<KeyState>, usize) =
+            bincode::serde::decode_from_slice(raw, config()).map_err(|e| e.to_string())?;
+        if used != raw.len() {
+            return Err(format!(
+                "{} bytes left over after the keys",
+                raw.len() - used
+            ));
+        }
+        Ok(DeltaBatch {
+            sent_at_ms: w.sent_at_ms,
+            ack_ms: w.ack_ms,
+            keys,
+        })
+    }
 }
 
 /// Anti-entropy: hashes of the sender's keys, bucketed by key hash.
@@ -446,6 +543,64 @@ mod tests {
             decode_payload(&payload),
             Err(DecodeError::Corrupted(_))
         ));
+    }
+
+    /// A batch like a gossip interval's: token-bucket registers of `n` keys of one rule.
+    fn bucket_batch(n: u64) -> DeltaBatch {
+        let keys = (0..n)
+            .map(|i| {
+                let mut state = KeyCrdt::default();
+                *state.buckets.entry(NodeIdx(0)) = levee_core::crdt::BucketReg {
+                    seq: 1_000 + i * 7,
+                    at: 1_763_700_000_000 + i % 20,
+                    level_nt: (i as i64 * 7_919_000_003) % 100_000_000_000,
+                };
+                let mut id = Vec::new();
+                encode_id(&mut id, "allow", None, &format!("g{i}"));
+                KeyState { id, state }
+            })
+            .collect();
+        DeltaBatch {
+            sent_at_ms: 1_763_700_000_020,
+            ack_ms: 1_763_700_000_001,
+            keys,
+        }
+    }
+
+    #[test]
+    fn a_batch_of_many_keys_round_trips_deflated_and_smaller() {
+        let batch = bucket_batch(256);
+        let msg = Message::Deltas(batch.clone());
+        let frame = encode_frame(&msg).unwrap();
+        assert_eq!(decode_frame(&frame).unwrap(), msg);
+        let plain = bincode::serde::encode_to_vec(&batch.keys, config()).unwrap();
+        assert!(
+            frame.len() < plain.len() * 2 / 3,
+            "frame {} bytes, keys alone {} bytes",
+            frame.len(),
+            plain.len()
+        );
+    }
+
+    #[test]
+    fn a_block_that_inflates_past_its_announced_length_is_refused() {
+        // 1 MiB of zeros deflates to about a kilobyte; announce less, or more than a frame.
+        let block = miniz_oxide::deflate::compress_to_vec(&vec![0u8; 1 << 20], 1);
+        for raw_len in [100u32, (MAX_FRAME_BYTES + 1) as u32] {
+            let wire = WireBatch {
+                sent_at_ms: 1,
+                ack_ms: 0,
+                codec: KEYS_DEFLATE,
+                raw_len,
+                block: block.clone(),
+            };
+            let mut payload = vec![1u8]; // variant index of Deltas
+            payload.extend(bincode::serde::encode_to_vec(&wire, config()).unwrap());
+            assert!(matches!(
+                decode_payload(&payload),
+                Err(DecodeError::Corrupted(_))
+            ));
+        }
     }
 
     proptest::proptest! {
