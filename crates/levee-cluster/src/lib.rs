@@ -99,6 +99,11 @@ pub trait KeyStates {
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64));
     /// A copy of one key's state, if held.
     fn get(&self, id: &[u8]) -> Option<KeyCrdt>;
+    /// The anti-entropy digest of every key held: [`DIGEST_BUCKETS`] hashes, each the XOR
+    /// of the [`key_fingerprint`]s of the keys in that bucket ([`bucket_of`]). Kept up to
+    /// date as keys change (see [`Fingerprints`]), so that a round costs O(buckets), not
+    /// O(keys).
+    fn digest(&mut self, now: Millis) -> Vec<u64>;
     /// Strict mode: moves spare rights of recently active keys toward demand.
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx);
 }
@@ -395,8 +400,9 @@ impl Cluster {
             }
             // While the peer has a backlog from us, buckets differ because of what is still
             // on its way: repairing them would only add to it.
+            Message::Digest(d) if d.buckets != DIGEST_BUCKETS => self.refused += 1,
             Message::Digest(d) if self.peer[i].queue.is_empty() => {
-                let mine = digest(store, now, d.buckets);
+                let mine = digest(store, now);
                 let mut differ = differing(&mine, &d);
                 if differ.len() > MAX_REPAIR_BUCKETS {
                     // A bounded repair per round, starting at a different bucket each time.
@@ -752,7 +758,7 @@ impl Cluster {
             if !reachable.is_empty() {
                 let to = reachable[self.ae_cursor % reachable.len()];
                 self.ae_cursor = self.ae_cursor.wrapping_add(1);
-                let d = digest(store, now, DIGEST_BUCKETS);
+                let d = digest(store, now);
                 self.send(to, Message::Digest(d), now);
             }
         }
@@ -790,25 +796,98 @@ fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
-fn bucket_of(id: &[u8], buckets: u32) -> u32 {
-    (fnv(id) % u64::from(buckets.max(1))) as u32
+/// The stable 64-bit hash of a stored key identity (FNV-1a): it places the key in a digest
+/// bucket and names it in [`Fingerprints`].
+pub fn key_hash(id: &[u8]) -> u64 {
+    fnv(id)
 }
 
-/// Hashes of every key's state, per bucket (XOR, so order does not matter).
-fn digest(store: &dyn KeyStates, now: Millis, buckets: u32) -> Digest {
-    let mut hashes = vec![0u64; buckets as usize];
-    let mut used = vec![false; buckets as usize];
-    store.for_each(now, &mut |id, state, oldest| {
-        let b = bucket_of(id, buckets) as usize;
-        hashes[b] ^= fnv(id).rotate_left(17) ^ state.fingerprint(oldest);
-        used[b] = true;
-    });
+/// The digest bucket of a key, out of `buckets`.
+pub fn bucket_of(id: &[u8], buckets: u32) -> u32 {
+    bucket_of_hash(key_hash(id), buckets)
+}
+
+fn bucket_of_hash(h: u64, buckets: u32) -> u32 {
+    (h % u64::from(buckets.max(1))) as u32
+}
+
+/// A key's part of its digest bucket: its identity and its state, ignoring epochs more than
+/// `retained` epochs older than the newest one it holds (which nodes prune at slightly
+/// different times). It depends on the state alone, never on a clock, so a value computed
+/// when the key last changed stays right until it changes again.
+pub fn key_fingerprint(id: &[u8], state: &KeyCrdt, retained: u64) -> u64 {
+    let newest = state.slots.last().map_or(0, |s| s.epoch);
+    let oldest = newest.saturating_sub(retained.saturating_sub(1));
+    key_hash(id).rotate_left(17) ^ state.fingerprint(oldest)
+}
+
+/// The per-bucket digest of a key store, kept incrementally: the store records a key's
+/// fingerprint whenever the key changes (or goes), and each bucket's hash is the XOR of its
+/// keys' fingerprints, so the old value XORs out and the new one in. Memory: one `u64 → u64`
+/// entry per key (named by [`key_hash`], not by its bytes).
+#[derive(Debug, Clone)]
+pub struct Fingerprints {
+    keys: HashMap<u64, u64>,
+    buckets: Vec<u64>,
+}
+
+impl Default for Fingerprints {
+    fn default() -> Fingerprints {
+        Fingerprints {
+            keys: HashMap::new(),
+            buckets: vec![0; DIGEST_BUCKETS as usize],
+        }
+    }
+}
+
+impl Fingerprints {
+    /// Records a key's fingerprint (`None`: the key is gone).
+    pub fn set(&mut self, id: &[u8], fingerprint: Option<u64>) {
+        let h = key_hash(id);
+        let b = bucket_of_hash(h, DIGEST_BUCKETS) as usize;
+        let old = match fingerprint {
+            Some(fp) => self.keys.insert(h, fp),
+            None => self.keys.remove(&h),
+        };
+        if let Some(old) = old {
+            self.buckets[b] ^= old;
+        }
+        if let Some(fp) = fingerprint {
+            self.buckets[b] ^= fp;
+        }
+    }
+
+    /// Forgets every key (before a rebuild from the whole store).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.buckets.iter_mut().for_each(|b| *b = 0);
+    }
+
+    /// Keys recorded.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no key is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Every bucket's hash, [`DIGEST_BUCKETS`] of them.
+    pub fn buckets(&self) -> Vec<u64> {
+        self.buckets.clone()
+    }
+}
+
+/// This node's digest: the non-empty buckets of the store's incremental digest.
+fn digest(store: &mut dyn KeyStates, now: Millis) -> Digest {
+    let hashes = store.digest(now);
     Digest {
-        buckets,
+        buckets: DIGEST_BUCKETS,
         hashes: hashes
             .into_iter()
             .enumerate()
-            .filter(|(i, _)| used[*i])
+            .filter(|&(_, h)| h != 0)
             .map(|(i, h)| (i as u32, h))
             .collect(),
     }

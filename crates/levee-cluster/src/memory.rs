@@ -9,7 +9,7 @@ use levee_core::{
 };
 use levee_proto::{decode_id, encode_id};
 
-use crate::{KeyStates, Refused};
+use crate::{Fingerprints, KeyStates, Refused, key_fingerprint};
 
 /// Key states of one node, in memory.
 pub struct MemoryStates {
@@ -19,6 +19,8 @@ pub struct MemoryStates {
     keys: BTreeMap<Vec<u8>, KeyState>,
     dirty: BTreeSet<Vec<u8>>,
     active: BTreeSet<Vec<u8>>,
+    /// The anti-entropy digest, updated as keys change.
+    fingerprints: Fingerprints,
     /// Rights in flight to one peer are capped at this fraction of a key's capacity.
     pub max_in_flight_fraction: f64,
 }
@@ -40,6 +42,7 @@ impl MemoryStates {
             keys: BTreeMap::new(),
             dirty: BTreeSet::new(),
             active: BTreeSet::new(),
+            fingerprints: Fingerprints::default(),
             max_in_flight_fraction: 0.5,
         }
     }
@@ -49,6 +52,7 @@ impl MemoryStates {
         self.keys.clear();
         self.dirty.clear();
         self.active.clear();
+        self.fingerprints.clear();
     }
 
     /// Decides one check of `rule` for `key`; `None` if the rule is unknown or the cost can
@@ -122,6 +126,18 @@ impl MemoryStates {
         let (rule, _, _) = decode_id(id)?;
         self.rules.get(rule)
     }
+
+    /// Records a key's fingerprint as it is now.
+    fn refresh_fingerprint(&mut self, id: &[u8]) {
+        let retained = self
+            .rule_of(id)
+            .map_or(1, |r| r.algorithm.retained_epochs());
+        let fp = self
+            .keys
+            .get(id)
+            .map(|s| key_fingerprint(id, s.crdt(), retained));
+        self.fingerprints.set(id, fp);
+    }
 }
 
 impl KeyStates for MemoryStates {
@@ -131,7 +147,9 @@ impl KeyStates for MemoryStates {
             let Some(id) = self.dirty.pop_first() else {
                 break;
             };
-            if let Some(delta) = self.keys.get_mut(&id).and_then(|s| s.take_delta(self.me)) {
+            let delta = self.keys.get_mut(&id).and_then(|s| s.take_delta(self.me));
+            self.refresh_fingerprint(&id);
+            if let Some(delta) = delta {
                 out.push((id, delta));
             }
         }
@@ -157,8 +175,12 @@ impl KeyStates for MemoryStates {
         };
         let key = self.keys.entry(id.to_vec()).or_default();
         // `rule` borrows `self.rules`, a different field from `self.keys`.
-        key.merge(state, &target, &ctx)
+        let changed = key
+            .merge(state, &target, &ctx)
             .map_err(|e| Refused(e.to_string()))?;
+        if changed {
+            self.refresh_fingerprint(id);
+        }
         self.active.insert(id.to_vec());
         Ok(())
     }
@@ -171,6 +193,10 @@ impl KeyStates for MemoryStates {
             });
             f(id, state.crdt(), oldest);
         }
+    }
+
+    fn digest(&mut self, _now: Millis) -> Vec<u64> {
+        self.fingerprints.buckets()
     }
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {

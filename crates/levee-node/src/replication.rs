@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::app::App;
 use crate::config::Config;
-use crate::states::NodeStates;
+use crate::states::{NodeDigest, NodeStates};
 
 /// How long a forwarded batch may take before the forwarder decides alone.
 const FORWARD_TIMEOUT_MAX: Duration = Duration::from_millis(500);
@@ -50,6 +50,8 @@ struct Job {
 /// The running cluster side of a node.
 pub struct Replication {
     cluster: Mutex<Cluster>,
+    /// The store's anti-entropy digest; locked only while `cluster` is.
+    digest: Mutex<NodeDigest>,
     transport: Transport,
     ids: Vec<String>,
     me: NodeIdx,
@@ -136,6 +138,7 @@ impl Replication {
         }
         let repl = Arc::new(Replication {
             cluster: Mutex::new(state),
+            digest: Mutex::new(NodeDigest::default()),
             transport,
             ids,
             me,
@@ -260,17 +263,25 @@ pub async fn run_ticks(
             _ = stop.changed() => return,
         }
         let now = app.limiter.clock.now_ms();
-        let out = {
+        let (out, peers) = {
             let mut c = repl.cluster.lock();
-            let mut states = NodeStates::new(&app.limiter);
+            let mut digest = repl.digest.lock();
+            let mut states = NodeStates::new(&app.limiter, &mut digest);
             c.handle_tick(now, &mut states);
             app.limiter.set_view(c.view());
             if c.is_synced() && !app.shutting_down.load(Ordering::Acquire) {
                 app.set_ready(true);
             }
-            drain(&mut c)
+            (drain(&mut c), c.peers_status(now))
         };
         repl.send_all(out);
+        for p in peers {
+            let peer = repl.id_of(p.node).to_owned();
+            if let Some(lag) = p.ack_lag_ms {
+                metrics::gauge!("levee_gossip_ack_lag_ms", "peer" => peer.clone()).set(lag as f64);
+            }
+            metrics::gauge!("levee_gossip_backlog_keys", "peer" => peer).set(p.backlog_keys as f64);
+        }
     }
 }
 
@@ -297,7 +308,7 @@ pub async fn run_inbound(app: Arc<App>, repl: Arc<Replication>, mut rx: mpsc::Re
                             checks: Vec::new(),
                         },
                         now,
-                        &mut NodeStates::for_messages(&app.limiter),
+                        &mut NodeStates::for_messages(&app.limiter, &mut repl.digest.lock()),
                     );
                 }
                 let app = Arc::clone(&app);
@@ -311,7 +322,8 @@ pub async fn run_inbound(app: Arc<App>, repl: Arc<Replication>, mut rx: mpsc::Re
             msg => {
                 let out = {
                     let mut c = repl.cluster.lock();
-                    let mut states = NodeStates::for_messages(&app.limiter);
+                    let mut digest = repl.digest.lock();
+                    let mut states = NodeStates::for_messages(&app.limiter, &mut digest);
                     c.handle_message(from, msg, now, &mut states);
                     app.limiter.set_view(c.view());
                     drain(&mut c)

@@ -3,7 +3,7 @@
 //! The store lists every key used or merged since the last gossip interval; a tick takes that
 //! list once, rebalances those keys (strict mode) and sends their deltas.
 
-use levee_cluster::{KeyStates, Refused};
+use levee_cluster::{Fingerprints, KeyStates, Refused, key_fingerprint};
 use levee_core::{ClusterView, DecideCtx, KeyCrdt, Millis, NodeIdx, RebalanceCtx, Target};
 use levee_proto::decode_id;
 
@@ -13,17 +13,33 @@ use crate::store::KeyId;
 /// Rights in flight to one peer are capped at this fraction of a key's capacity.
 const MAX_IN_FLIGHT_FRACTION: f64 = 0.5;
 
+/// A full rebuild of the digest at least this often (ms): it drops keys the store evicted
+/// or pruned, which the incremental updates do not see.
+const DIGEST_REBUILD_MS: Millis = 60_000;
+
+/// The store's anti-entropy digest, kept between ticks: every key's fingerprint is
+/// recorded when a merge changes it or when a tick drains it (every key used or changed
+/// since the last tick), so a digest costs O(buckets). Keys that leave the store are
+/// dropped by a full rebuild every [`DIGEST_REBUILD_MS`], or sooner when the digest
+/// counts a quarter more keys than the store holds.
+#[derive(Debug, Default)]
+pub struct NodeDigest {
+    fingerprints: Fingerprints,
+    next_rebuild: Millis,
+}
+
 /// One tick's view of the store.
 pub struct NodeStates<'a> {
     limiter: &'a Limiter,
     rules: arc_swap::Guard<std::sync::Arc<RuleSet>>,
     active: Vec<KeyId>,
     pending: Vec<KeyId>,
+    digest: &'a mut NodeDigest,
 }
 
 impl<'a> NodeStates<'a> {
     /// Takes the store's list of changed keys.
-    pub fn new(limiter: &'a Limiter) -> NodeStates<'a> {
+    pub fn new(limiter: &'a Limiter, digest: &'a mut NodeDigest) -> NodeStates<'a> {
         let active = limiter.store().take_changed();
         let pending = active.clone();
         NodeStates {
@@ -31,18 +47,25 @@ impl<'a> NodeStates<'a> {
             rules: limiter.rules(),
             active,
             pending,
+            digest,
         }
     }
 
     /// A view for merges only (no list is taken).
-    pub fn for_messages(limiter: &'a Limiter) -> NodeStates<'a> {
+    pub fn for_messages(limiter: &'a Limiter, digest: &'a mut NodeDigest) -> NodeStates<'a> {
         NodeStates {
             limiter,
             rules: limiter.rules(),
             active: Vec::new(),
             pending: Vec::new(),
+            digest,
         }
     }
+}
+
+/// Epochs a key's fingerprint covers, from its rule.
+fn retained(rules: &RuleSet, id: &[u8]) -> u64 {
+    target_of(rules, id).map_or(1, |t| t.algorithm.retained_epochs())
 }
 
 /// The bucket target a stored identity belongs to.
@@ -68,10 +91,13 @@ impl KeyStates for NodeStates<'_> {
         let mut out = Vec::new();
         while out.len() < max {
             let Some(id) = self.pending.pop() else { break };
-            let delta = self.limiter.store().with_slot(&id, |slot| {
+            let retained = retained(&self.rules, &id);
+            let (delta, fp) = self.limiter.store().with_slot(&id, |slot| {
                 slot.queued = false;
-                slot.state.take_delta(me)
+                let d = slot.state.take_delta(me);
+                (d, key_fingerprint(&id, slot.state.crdt(), retained))
             });
+            self.digest.fingerprints.set(&id, Some(fp));
             if let Some(d) = delta {
                 out.push((id.to_vec(), d));
             }
@@ -88,15 +114,19 @@ impl KeyStates for NodeStates<'_> {
             replicas: &self.rules.replicas,
             view: ClusterView::alone(),
         };
+        let retained = target.algorithm.retained_epochs();
         let store = self.limiter.store();
-        store.with_slot(id, |slot| {
+        let changed = store.with_slot(id, |slot| {
             let r = slot
                 .state
                 .merge(state, &target, &ctx)
                 .map_err(|e| Refused(e.to_string()));
             store.note(id, slot);
-            r
+            r.map(|changed| changed.then(|| key_fingerprint(id, slot.state.crdt(), retained)))
         })?;
+        if let Some(fp) = changed {
+            self.digest.fingerprints.set(id, Some(fp));
+        }
         Ok(())
     }
 
@@ -110,6 +140,21 @@ impl KeyStates for NodeStates<'_> {
             });
             f(id, state.crdt(), oldest);
         });
+    }
+
+    fn digest(&mut self, now: Millis) -> Vec<u64> {
+        let store = self.limiter.store();
+        let d = &mut *self.digest;
+        if now >= d.next_rebuild || d.fingerprints.len() > store.len() + store.len() / 4 + 1024 {
+            d.next_rebuild = now + DIGEST_REBUILD_MS;
+            d.fingerprints.clear();
+            let rules = &self.rules;
+            store.for_each(|id, state| {
+                let fp = key_fingerprint(id, state.crdt(), retained(rules, id));
+                d.fingerprints.set(id, Some(fp));
+            });
+        }
+        d.fingerprints.buckets()
     }
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
