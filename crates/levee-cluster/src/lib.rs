@@ -9,8 +9,9 @@
 //! * [`Cluster::handle_message`] for every message received (after the transport checked the
 //!   peer's certificate and the frame).
 //! * [`Cluster::handle_tick`] every `gossip_interval`: failure detection, rebalancing of spare
-//!   rights, delta gossip (coalesced per key, batched per destination), heartbeats, and now
-//!   and then an anti-entropy digest.
+//!   rights, delta gossip (coalesced per key, batched per destination, an empty batch to a
+//!   peer that would get nothing), paced full states, and now and then an anti-entropy
+//!   digest.
 //! * After each of those, drain [`Cluster::poll_transmit`] and hand every message to the
 //!   transport; the state machine never waits for an answer.
 //! * [`Cluster::view`], [`Cluster::owner`] and [`Cluster::is_reachable`] on the request path.
@@ -21,12 +22,20 @@
 //! ## What it guarantees
 //!
 //! Deltas carry absolute values of the sender's own entries, so loss, duplication and
-//! reordering are harmless and any later delta repairs an earlier loss. Keys that go quiet are
-//! repaired by anti-entropy: every `anti_entropy_interval` a node sends one peer (round robin)
-//! a digest of its keys in 256 buckets; the peer pushes its keys of every bucket that differs
-//! and asks for the sender's. A peer heard again after a silence gets a digest at once, so
-//! views agree within a few round trips after a partition heals. Every node gossips every
-//! key to every other node, so every node's view of a key converges, not only the owners'.
+//! reordering are harmless and any later delta repairs an earlier loss. Every peer hears from
+//! every node every `gossip_interval` (an empty batch if nothing changed), and every batch
+//! acknowledges the latest batch received from its destination (`ack_ms`). A node pushes a
+//! peer the keys it sent since the peer's last acknowledgement as soon as the peer is heard
+//! again, or hears us again (its acknowledgements jump), and while the peer does not hear us
+//! it repeats the few keys it misses every interval: after a partition heals, every view of a
+//! key agrees within two gossip intervals plus one round trip when nothing is lost after the
+//! heal. Full states (pull answers, repairs, catch-ups) are paced per peer
+//! ([`PUSH_KEYS_PER_TICK`]). Keys that go quiet after a loss are repaired by anti-entropy:
+//! every `anti_entropy_interval` a node sends one peer that keeps up (round robin) a digest
+//! of its keys in 256 buckets, which the store keeps incrementally ([`Fingerprints`]); the
+//! peer pushes its keys of up to [`MAX_REPAIR_BUCKETS`] buckets that differ and asks for the
+//! sender's. Every node gossips every key to every other node, so every node's view of a key
+//! converges, not only the owners'.
 
 pub mod membership;
 pub mod memory;

@@ -1,6 +1,6 @@
 //! Failure detection: a peer is reachable while it was heard from within `suspect_after`; a
 //! region is reachable while any of its nodes is. Every message counts as hearing from its
-//! sender, and every node sends at least a heartbeat a few times per `suspect_after`.
+//! sender, and every node sends every peer at least an empty batch every gossip interval.
 
 use levee_core::{Millis, NodeIdx, RegionMask, ReplicaSet};
 
