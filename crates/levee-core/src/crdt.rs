@@ -7,6 +7,8 @@
 //!   Only `from` ever increments its row.
 //! * [`BucketReg`] and [`DemandReg`]: single-writer registers (a node's token-bucket level and
 //!   its demand forecast), ordered by a sequence number the writer increments.
+//! * [`Claims`]: optimistic mode's per-node, per-epoch claims — a round counter and a ceiling,
+//!   both grow-only within the epoch and written only by their node.
 //!
 //! [`KeyCrdt::join`] is commutative, associative and idempotent; deltas are sub-states of
 //! absolute values, so applying them in any order, duplicated, or after a loss repaired by a
@@ -290,6 +292,105 @@ impl Lattice for TransferMatrix {
     }
 }
 
+/// One node's claim in one epoch (optimistic mode, fixed windows and quotas): the most it
+/// may admit in the epoch, and how far it has come in the claim rounds. Written only by
+/// `node`; both counters only grow within the epoch, so the join is a pointwise maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Claim {
+    /// The epoch claimed in.
+    pub epoch: u64,
+    /// The writer.
+    pub node: NodeIdx,
+    /// `2 × round + passive`: the writer's claim round, and whether it promised not to raise
+    /// its ceiling in the next round (`1`).
+    pub step: u64,
+    /// The most the node may admit in the epoch (tokens).
+    pub ceiling: u64,
+}
+
+impl Claim {
+    /// The claim round.
+    #[inline]
+    pub fn round(&self) -> u64 {
+        self.step / 2
+    }
+
+    /// Whether the writer promised not to raise in round `round() + 1`.
+    #[inline]
+    pub fn passive(&self) -> bool {
+        self.step % 2 == 1
+    }
+}
+
+/// Every node's claims, sparse, sorted by `(epoch, node)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    entries: Vec<Claim>,
+}
+
+impl Claims {
+    /// The claim of `node` in `epoch`, if any.
+    #[inline]
+    pub fn get(&self, epoch: u64, node: NodeIdx) -> Option<&Claim> {
+        self.entries
+            .binary_search_by_key(&(epoch, node), |c| (c.epoch, c.node))
+            .ok()
+            .map(|i| &self.entries[i])
+    }
+
+    /// The claims of `epoch`, by node.
+    pub fn in_epoch(&self, epoch: u64) -> impl Iterator<Item = &Claim> {
+        self.entries.iter().filter(move |c| c.epoch == epoch)
+    }
+
+    /// Every claim.
+    pub fn iter(&self) -> impl Iterator<Item = &Claim> {
+        self.entries.iter()
+    }
+
+    /// Raises the claim of `(c.epoch, c.node)` to at least `c`, field by field; returns whether
+    /// it changed.
+    pub fn raise(&mut self, c: Claim) -> bool {
+        match self
+            .entries
+            .binary_search_by_key(&(c.epoch, c.node), |e| (e.epoch, e.node))
+        {
+            Ok(i) => {
+                let e = &mut self.entries[i];
+                let a = e.step.join(&c.step);
+                let b = e.ceiling.join(&c.ceiling);
+                a | b
+            }
+            Err(i) => {
+                self.entries.reserve_exact(1);
+                self.entries.insert(i, c);
+                true
+            }
+        }
+    }
+
+    /// Drops claims of epochs outside `[oldest, newest]`.
+    pub fn retain_epochs(&mut self, oldest: u64, newest: u64) {
+        self.entries
+            .retain(|c| c.epoch >= oldest && c.epoch <= newest);
+    }
+
+    /// Whether there is no claim.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl Lattice for Claims {
+    fn join(&mut self, other: &Claims) -> bool {
+        let mut changed = false;
+        for c in &other.entries {
+            changed |= self.raise(*c);
+        }
+        changed
+    }
+}
+
 /// Counters and per-epoch rights of one epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochSlot {
@@ -339,6 +440,8 @@ pub struct KeyCrdt {
     pub buckets: NodeMap<BucketReg>,
     /// Demand forecasts per node.
     pub demand: NodeMap<DemandReg>,
+    /// Optimistic mode's claims per node and epoch (empty in strict mode).
+    pub claims: Claims,
 }
 
 /// FNV-1a, fed field by field: stable across platforms, processes and versions.
@@ -391,6 +494,13 @@ impl KeyCrdt {
             h.u64(d.forecast);
             h.u64(d.received);
         }
+        h.u64(u64::MAX);
+        for c in self.claims.iter().filter(|c| c.epoch >= oldest_epoch) {
+            h.u64(c.epoch);
+            h.u64(u64::from(c.node.0));
+            h.u64(c.step);
+            h.u64(c.ceiling);
+        }
         h.0
     }
 
@@ -419,6 +529,7 @@ impl KeyCrdt {
     pub fn retain_epochs(&mut self, oldest: u64, newest: u64) {
         self.slots
             .retain(|s| s.epoch >= oldest && s.epoch <= newest);
+        self.claims.retain_epochs(oldest, newest);
     }
 
     /// Whether the state holds no entry at all.
@@ -427,6 +538,7 @@ impl KeyCrdt {
             && self.holdings.is_empty()
             && self.buckets.is_empty()
             && self.demand.is_empty()
+            && self.claims.is_empty()
     }
 
     /// The highest node index any entry names (to check a remote delta against the replica
@@ -443,6 +555,7 @@ impl KeyCrdt {
             .chain(holdings)
             .chain(self.buckets.iter().map(|(n, _)| n))
             .chain(self.demand.iter().map(|(n, _)| n))
+            .chain(self.claims.iter().map(|c| c.node))
             .max()
     }
 }
@@ -456,6 +569,7 @@ impl Lattice for KeyCrdt {
         changed |= self.holdings.join(&other.holdings);
         changed |= self.buckets.join(&other.buckets);
         changed |= self.demand.join(&other.demand);
+        changed |= self.claims.join(&other.claims);
         changed
     }
 }

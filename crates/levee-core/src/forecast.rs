@@ -73,6 +73,11 @@ impl Forecast {
         (self.long * ms as f64).ceil().max(0.0) as u64
     }
 
+    /// Whether two samples have been taken, so that the rate means something.
+    pub fn is_primed(&self) -> bool {
+        self.primed
+    }
+
     /// The long-memory rate in tokens per millisecond.
     pub fn rate(&self) -> f64 {
         self.long

@@ -33,16 +33,24 @@
 //! every unreachable region as having consumed `max(last known, its full share)`, and takes
 //! between two syncs at most its region's share of what was left at the last sync.
 
-use crate::crdt::{BucketReg, KeyCrdt, Lattice, Tally, TransferMatrix};
+use crate::crdt::{BucketReg, Claim, KeyCrdt, Lattice, Tally, TransferMatrix};
 use crate::decision::{AllDecision, ClusterView, Consistency, DecideCtx, Decision, Usage};
 use crate::forecast::Forecast;
-use crate::replica::{NodeIdx, RegionMask, ReplicaSet};
+use crate::replica::{NodeIdx, RegionIdx, RegionMask, ReplicaSet};
 use crate::rule::{Algorithm, RuleMode, Target};
 use crate::time::Millis;
 
 /// The retry-after a recovering node answers: it expects to have pulled the cluster's state
 /// by then.
 pub const RECOVERY_RETRY_MS: u64 = 1_000;
+
+/// Optimistic mode: for how long after its first decision in an epoch a node reserves every
+/// region it has not seen claim yet at its full share, and waits before raising its claim a
+/// second time if it has seen no other claim (at most half the epoch). Another region's first
+/// claim, made concurrently, arrives well within it on a healthy network — half a round trip
+/// plus a gossip interval — and so does that of a region whose clock runs up to the default
+/// `max_clock_skew` (500 ms) behind.
+pub const CLAIM_GRACE_MS: Millis = 500;
 
 /// Nanotokens per token: token-bucket levels are fixed-point integers.
 pub const NANO: i128 = 1_000_000_000;
@@ -77,8 +85,10 @@ pub struct KeyState {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Cold {
     optimistic: Allowance,
-    /// The node's own demand, for the escrow's forecasts.
+    /// The node's own demand, for the escrow's forecasts and optimistic claims.
     pub(crate) forecast: Forecast,
+    /// Optimistic mode: the latest epoch this node decided in, and when it first did.
+    first_decision: (u64, Millis),
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -88,11 +98,17 @@ struct Dirty {
     holdings: bool,
     bucket: bool,
     demand: bool,
+    claims: bool,
 }
 
 impl Dirty {
     fn any(&self) -> bool {
-        self.tallies || self.slot_transfers || self.holdings || self.bucket || self.demand
+        self.tallies
+            || self.slot_transfers
+            || self.holdings
+            || self.bucket
+            || self.demand
+            || self.claims
     }
 }
 
@@ -164,6 +180,10 @@ struct Evaluation {
     /// Token bucket: own level after refill, before the check.
     level_nt: i128,
     allowance: Allowance,
+    /// Optimistic fixed windows and quotas: this node's claim as the decision leaves it
+    /// (raised, or its round caught up), if it changes; and whether to resend it.
+    claim: Option<Claim>,
+    resend_claim: bool,
 }
 
 impl KeyState {
@@ -192,6 +212,9 @@ impl KeyState {
         dry_run: bool,
         ctx: &DecideCtx<'_>,
     ) -> Decision {
+        if !dry_run && cost > 0 {
+            self.sample_demand(target, ctx);
+        }
         let ev = self.evaluate(target, cost, ctx);
         if !dry_run && cost > 0 {
             self.commit(target, cost, ev.would_allow, &ev, ctx);
@@ -382,6 +405,11 @@ impl KeyState {
             self.set_level(ctx.me, level.min(now_level), ctx.now);
         }
         changed |= self.crdt.demand.join(&delta.demand);
+        for c in delta.claims.iter() {
+            if c.epoch >= oldest && c.epoch <= newest {
+                changed |= self.crdt.claims.raise(*c);
+            }
+        }
         if changed {
             self.touched = self.touched.max(ctx.now);
         }
@@ -437,6 +465,13 @@ impl KeyState {
         {
             *out.demand.entry(me) = *r;
         }
+        // Claims ride with every tally update too: a lost claim is repaired by the next delta
+        // of a node that keeps deciding, without waiting for anti-entropy.
+        if d.claims || d.tallies {
+            for c in self.crdt.claims.iter().filter(|c| c.node == me) {
+                out.claims.raise(*c);
+            }
+        }
         Some(out)
     }
 
@@ -481,6 +516,8 @@ impl KeyState {
                         epoch: e,
                         level_nt: 0,
                         allowance: Allowance::default(),
+                        claim: None,
+                        resend_claim: false,
                     };
                 }
                 // Every other region counts as having spent its full share.
@@ -529,6 +566,8 @@ impl KeyState {
             .and_then(|s| s.tallies.get(ctx.me))
             .map_or(0, Tally::net);
         let global = slot.map_or(0, |s| s.net_total());
+        let mut claim = None;
+        let mut resend_claim = false;
         let (available, capacity, allowance) = match ctx.view.consistency {
             Consistency::Strict => {
                 let base = base_of(target, ctx);
@@ -545,9 +584,21 @@ impl KeyState {
                 };
                 let used = assumed_usage(ctx, target, net, 1) as i128;
                 let left = i128::from(limit) - used;
-                let allowance = self.allowance(left, e, ctx);
-                let avail = left.min(allowance_room(&allowance, limit, ctx)).max(0) as u64;
-                (avail, limit, allowance)
+                // The node admits within its claim for the epoch, raised first if the claim
+                // rounds allow it (see `plan_claim`).
+                let (planned, resend) = self.plan_claim(target, limit, e, own, cost, ctx);
+                let current = self.crdt.claims.get(e, ctx.me).copied();
+                let unchanged = match current {
+                    Some(c) => c == planned,
+                    None => planned.step == 0 && planned.ceiling == 0,
+                };
+                if !unchanged {
+                    claim = Some(planned);
+                }
+                resend_claim = resend;
+                let room = i128::from(planned.ceiling) - i128::from(own);
+                let avail = left.min(room).max(0) as u64;
+                (avail, limit, Allowance::default())
             }
         };
         let need = cost.max(threshold(target.min_fill_ppm, capacity));
@@ -565,7 +616,198 @@ impl KeyState {
             epoch: e,
             level_nt: 0,
             allowance,
+            claim,
+            resend_claim,
         }
+    }
+
+    /// Optimistic mode, fixed windows and quotas: this node's claim for epoch `e` as a
+    /// decision needing `cost` more tokens would leave it, and whether the claim should be
+    /// sent again (the node is waiting for peers to catch up).
+    ///
+    /// Every node that decides for a key publishes, per epoch, a *ceiling* (the most it will
+    /// admit in the epoch) and a *round*. A node raises its ceiling only at a round *k* at
+    /// which every other participant (a node of a reachable region holding a claim in this
+    /// epoch) is at round ≥ *k* − 1, by at most its share of the free pool
+    /// `limit − Σ max(usage, ceiling)` — shares taken among the regions that may still raise
+    /// in round *k* (a region whose claims all promise not to is left out) — and never
+    /// beyond what its forecast says it needs. Raises of one round all see every raise of
+    /// earlier rounds, so together they take at most what was free: the ceilings never sum
+    /// above the limit (`docs/algorithms.md` gives the proof and its limits). A region not
+    /// heard claiming yet is *reserved* at its full share (and its first claim never
+    /// exceeds that) while its first claim may be on its way; an unreachable region counts
+    /// as `max(what it claimed or used, its full share)`.
+    fn plan_claim(
+        &self,
+        target: &Target<'_>,
+        limit: u64,
+        e: u64,
+        own_used: u64,
+        cost: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> (Claim, bool) {
+        let algo = target.algorithm;
+        let replicas = ctx.replicas;
+        let me = ctx.me;
+        let view = ctx.view;
+        let mine_region = replicas.region_of(me);
+        let claims = &self.crdt.claims;
+        let mine = claims.get(e, me).copied().unwrap_or(Claim {
+            epoch: e,
+            node: me,
+            step: 0,
+            ceiling: 0,
+        });
+        // What this node expects to need by the end of the epoch (the next quarter of it at
+        // most: claims can keep growing), plus a margin; everything it can get until its
+        // demand has been measured.
+        let want = match self.cold.as_ref().map(|c| c.forecast) {
+            Some(f) if f.is_primed() => {
+                let len = algo.epoch_len(ctx.now);
+                let ahead = (algo.epoch_end(e) - ctx.now)
+                    .min(len / 4)
+                    .min(crate::escrow::HORIZON_MS);
+                let x = f.expected(ahead);
+                own_used + cost + x + x.div_ceil(10)
+            }
+            _ => u64::MAX,
+        };
+        let reachable = |r| r == mine_region || !view.unreachable.contains(r);
+        // Regions not heard claiming in this epoch are reserved at their full share while
+        // their first claim may be on its way: during the grace period after this node's
+        // first decision in the epoch, and all epoch for a region that claimed in the epoch
+        // before. During the grace period they also hold back rounds after the first.
+        let first = self.cold.as_ref().map_or((0, 0), |c| c.first_decision);
+        let grace = CLAIM_GRACE_MS.min(algo.epoch_len(ctx.now) / 2);
+        let in_grace = first.0 != e || ctx.now < first.1.saturating_add(grace);
+        let slot = self.crdt.slot(e);
+        let used_of = |n| slot.and_then(|s| s.tallies.get(n)).map_or(0, Tally::net);
+        let split = split_of(target, replicas);
+        let share_of = |r: RegionIdx| -> u128 {
+            replicas
+                .region_nodes(r)
+                .iter()
+                .map(|n| u128::from(split[usize::from(n.0)]))
+                .sum()
+        };
+        // The other participants' rounds.
+        let (mut min_w, mut max_w) = (u64::MAX, 0u64);
+        for c in claims.in_epoch(e) {
+            if c.node == me
+                || usize::from(c.node.0) >= replicas.len()
+                || !reachable(replicas.region_of(c.node))
+            {
+                continue;
+            }
+            min_w = min_w.min(c.round());
+            max_w = max_w.max(c.round());
+        }
+        let mut reserved = RegionMask::EMPTY;
+        for r in replicas.regions() {
+            let nodes = replicas.region_nodes(r);
+            if r != mine_region
+                && reachable(r)
+                && nodes.iter().all(|&n| claims.get(e, n).is_none())
+                && (in_grace
+                    || e.checked_sub(1)
+                        .is_some_and(|p| nodes.iter().any(|&n| claims.get(p, n).is_some())))
+            {
+                reserved = reserved.with(r);
+                if in_grace {
+                    min_w = 0;
+                }
+            }
+        }
+        let (round, passive) = (mine.round(), u64::from(mine.passive()));
+        let mut out = mine;
+        if want <= mine.ceiling {
+            // Enough for now: keep up with the others' rounds and promise not to raise.
+            out.step = out.step.max(2 * round.max(max_w) + 1);
+            return (out, false);
+        }
+        // The first round this node may raise in (a promise not to raise in the next round
+        // is kept), and whether every participant has reached the round before it.
+        let k = round + 1 + passive;
+        if min_w != u64::MAX && min_w + 1 < k {
+            // Waiting for a participant: declare that it wants to raise (a new round if it
+            // had promised not to), keep up, and send the claim again.
+            out.step = out.step.max(2 * (round + passive).max(max_w));
+            return (out, true);
+        }
+        let mut counted: u128 = 0;
+        let mut competing = 0.0f64;
+        for r in replicas.regions() {
+            let nodes = replicas.region_nodes(r);
+            let known: u128 = nodes
+                .iter()
+                .map(|&n| {
+                    let c = claims.get(e, n).map_or(0, |c| c.ceiling);
+                    u128::from(used_of(n).max(c))
+                })
+                .sum();
+            if !reachable(r) {
+                counted += known.max(share_of(r));
+                continue;
+            }
+            if reserved.contains(r) {
+                // Its first claim is within its share; later ones take part in the rounds.
+                counted += known.max(share_of(r));
+                competing += replicas.region_share(r);
+                continue;
+            }
+            counted += known;
+            // A region whose claims all promise not to raise in round k stays out of the
+            // division; one without a claim may still make one.
+            let mut any = false;
+            let mut quiet = true;
+            for c in nodes.iter().filter_map(|&n| claims.get(e, n)) {
+                any = true;
+                quiet &= c.step == 2 * (k - 1) + 1;
+            }
+            if r == mine_region || !(any && quiet) {
+                competing += replicas.region_share(r);
+            }
+        }
+        let free = (u128::from(limit)).saturating_sub(counted);
+        let part = if round == 0 {
+            // A first claim: what the others reserve for it until they see it.
+            let reserve = if view.acting_alone {
+                u128::from(split[usize::from(me.0)])
+            } else {
+                share_of(mine_region)
+            };
+            free.min(reserve)
+        } else {
+            let weight = if view.acting_alone {
+                replicas.node_share(me)
+            } else {
+                replicas.region_share(mine_region)
+            };
+            if competing <= weight + 1e-12 {
+                free
+            } else {
+                ((free as f64) * (weight / competing)).floor() as u128
+            }
+        };
+        let raise = part.min(u128::from(want - mine.ceiling)) as u64;
+        if raise == 0 {
+            out.step = out.step.max(2 * max_w);
+            return (out, false);
+        }
+        out.ceiling = mine.ceiling + raise;
+        out.step = 2 * k.max(max_w) + u64::from(want <= out.ceiling);
+        (out, false)
+    }
+
+    /// Optimistic fixed windows and quotas: feeds the node's demand forecast, which caps what
+    /// it claims.
+    fn sample_demand(&mut self, target: &Target<'_>, ctx: &DecideCtx<'_>) {
+        if ctx.view.consistency != Consistency::Optimistic || !windowed(target.algorithm) {
+            return;
+        }
+        let len = target.algorithm.epoch_len(ctx.now);
+        let total = self.requested_total;
+        self.cold_mut().forecast.sample(ctx.now, total, len);
     }
 
     fn eval_sliding(
@@ -639,6 +881,8 @@ impl KeyState {
             epoch: e,
             level_nt: 0,
             allowance,
+            claim: None,
+            resend_claim: false,
         }
     }
 
@@ -696,6 +940,8 @@ impl KeyState {
                     epoch: e,
                     level_nt: level,
                     allowance: Allowance::default(),
+                    claim: None,
+                    resend_claim: false,
                 }
             }
             Consistency::Optimistic => {
@@ -726,6 +972,8 @@ impl KeyState {
                     epoch: e,
                     level_nt: level,
                     allowance,
+                    claim: None,
+                    resend_claim: false,
                 }
             }
         }
@@ -824,8 +1072,24 @@ impl KeyState {
         }
         self.requested_total += cost;
         self.touched = now;
+        if ctx.view.consistency == Consistency::Optimistic
+            && windowed(algo)
+            && self
+                .cold
+                .as_ref()
+                .is_none_or(|c| c.first_decision.0 != ev.epoch)
+        {
+            self.cold_mut().first_decision = (ev.epoch, now);
+        }
+        if let Some(c) = ev.claim {
+            self.crdt.claims.raise(c);
+            self.dirty.claims = true;
+        }
+        if ev.resend_claim {
+            self.dirty.claims = true;
+        }
         if admitted {
-            if ctx.view.consistency == Consistency::Optimistic {
+            if ctx.view.consistency == Consistency::Optimistic && !windowed(algo) {
                 let mut a = ev.allowance;
                 a.taken += match algo {
                     Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
@@ -866,6 +1130,11 @@ pub fn decide_all(
     dry_run: bool,
     ctx: &DecideCtx<'_>,
 ) -> AllDecision {
+    if !dry_run && cost > 0 {
+        for (state, target, _) in checks.iter_mut() {
+            state.sample_demand(target, ctx);
+        }
+    }
     let evals: Vec<Evaluation> = checks
         .iter()
         .map(|(state, target, _)| state.evaluate(target, cost, ctx))
@@ -933,6 +1202,16 @@ fn decision_of(
         mode,
         degraded: ctx.view.degraded(),
     }
+}
+
+/// Whether the algorithm counts per epoch with claims in optimistic mode (fixed windows and
+/// quotas); the others keep the per-sync allowance.
+#[inline]
+fn windowed(algo: &Algorithm) -> bool {
+    matches!(
+        algo,
+        Algorithm::FixedWindow { .. } | Algorithm::Quota { .. }
+    )
 }
 
 /// The target's capacity split among the nodes: bound by `Rule::bind`, else computed.

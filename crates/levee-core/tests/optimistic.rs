@@ -1,7 +1,10 @@
-//! Optimistic mode: admission against merged global usage, the per-sync allowance, and the
-//! conservative local cap when other regions are unreachable.
+//! Optimistic mode: admission against merged global usage within per-epoch claims (fixed
+//! windows) or the per-sync allowance (sliding windows, token buckets), and the conservative
+//! local cap when other regions are unreachable.
 
+use levee_core::crdt::Claim;
 use levee_core::rule::AlgorithmName;
+use levee_core::state::CLAIM_GRACE_MS;
 use levee_core::{
     ClusterView, Consistency, DecideCtx, KeyCrdt, KeyState, NodeIdx, RegionIdx, RegionMask,
     ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
@@ -44,6 +47,19 @@ fn consumed_by(node: NodeIdx, amount: u64, rule: &Rule) -> KeyCrdt {
     let tally = k.slot_mut(rule.algorithm.epoch(T0)).tallies.entry(node);
     tally.consumed = amount;
     tally.requested = amount;
+    k
+}
+
+/// A delta holding `node`'s claim in the window of `T0`: `ceiling` at `round`, `passive` if it
+/// promised not to raise in the next round.
+fn claim_of(node: NodeIdx, round: u64, passive: bool, ceiling: u64, rule: &Rule) -> KeyCrdt {
+    let mut k = KeyCrdt::default();
+    k.claims.raise(Claim {
+        epoch: rule.algorithm.epoch(T0),
+        node,
+        step: 2 * round + u64::from(passive),
+        ceiling,
+    });
     k
 }
 
@@ -104,44 +120,73 @@ fn with_every_other_region_cut_off_a_region_admits_at_most_its_share() {
 }
 
 #[test]
-fn between_two_syncs_a_region_takes_at_most_its_share_of_what_was_left() {
-    let replicas = three_regions();
-    let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
-    let mut key = KeyState::new();
-    let mut admitted = vec![];
-    for sync_gen in 0..4 {
-        let ctx = DecideCtx {
-            now: T0,
-            me: NodeIdx(0),
-            replicas: &replicas,
-            view: view(RegionMask::EMPTY, sync_gen),
-        };
-        admitted.push(admit_all(&mut key, &rule, &ctx));
-    }
-    // A third of 300, then a third of the 200 left, and so on.
-    assert_eq!(admitted, vec![100, 66, 44, 30]);
-}
-
-#[test]
-fn remote_usage_merged_from_a_delta_is_counted() {
+fn a_region_raises_its_claim_once_per_round_and_waits_for_the_others() {
     let replicas = three_regions();
     let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
     let target = rule.target(None, 1).unwrap();
-    // Region us has consumed 250 and gossips it.
+    let mut key = KeyState::new();
+    let ctx = |now| DecideCtx {
+        now,
+        me: NodeIdx(0),
+        replicas: &replicas,
+        view: view(RegionMask::EMPTY, 0),
+    };
+    // The first claim is the region's share (the others are reserved at theirs); no second
+    // raise during the grace period, when the others' first claims may be on their way.
+    assert_eq!(admit_all(&mut key, &rule, &ctx(T0)), 100);
+    assert_eq!(admit_all(&mut key, &rule, &ctx(T0 + CLAIM_GRACE_MS - 1)), 0);
+    // us claimed 50 in round 1 and promised not to raise in round 2; eu has not claimed.
+    key.merge(&claim_of(NodeIdx(2), 1, true, 50, &rule), &target, &ctx(T0))
+        .unwrap();
+    // Still in the grace period, eu, not heard claiming, holds back round 2.
+    let mut early = key.clone();
+    assert_eq!(admit_all(&mut early, &rule, &ctx(T0 + 1)), 0);
+    // After it: 150 free, shared with eu (which may still claim), not with us.
+    let t = T0 + CLAIM_GRACE_MS;
+    assert_eq!(admit_all(&mut key, &rule, &ctx(t)), 75);
+    // Round 3 waits for us to reach round 2.
+    assert_eq!(admit_all(&mut key, &rule, &ctx(t + 1)), 0);
+    let mine = *key
+        .crdt()
+        .claims
+        .get(rule.algorithm.epoch(T0), NodeIdx(0))
+        .unwrap();
+    assert_eq!((mine.round(), mine.ceiling), (2, 175));
+    key.merge(&claim_of(NodeIdx(2), 2, true, 50, &rule), &target, &ctx(T0))
+        .unwrap();
+    assert_eq!(admit_all(&mut key, &rule, &ctx(t + 2)), 37);
+    // Without the rounds, a region would take its share of what its stale view says is
+    // free at every decision: the ceilings now sum to the limit at most.
+    let claimed: u64 = key.crdt().claims.iter().map(|c| c.ceiling).sum();
+    assert!(claimed <= 300, "{claimed}");
+}
+
+#[test]
+fn a_region_not_heard_claiming_is_reserved_at_its_share_during_the_grace_period() {
+    let replicas = three_regions();
+    let rule = rule(AlgorithmName::FixedWindow, 300, &replicas);
+    let target = rule.target(None, 1).unwrap();
+    // Region us has consumed 250 and gossips it, without a claim.
     let delta = consumed_by(NodeIdx(2), 250, &rule);
     let mut key = KeyState::new();
-    let ctx = DecideCtx {
-        now: T0,
+    let ctx = |now| DecideCtx {
+        now,
         me: NodeIdx(0),
         replicas: &replicas,
         view: view(RegionMask::EMPTY, 7),
     };
-    key.merge(&delta, &target, &ctx).unwrap();
-    // 50 are left; this region may take a third of them before the next sync.
-    assert_eq!(admit_all(&mut key, &rule, &ctx), 16);
-    let usage = key.usage(&target, &ctx);
-    assert_eq!(usage.used, 266);
-    assert_eq!(usage.regions, vec![16, 0, 250]);
+    key.merge(&delta, &target, &ctx(T0)).unwrap();
+    // eu (no claim yet) counts as its share of 100, us as its 250: nothing is free.
+    assert_eq!(admit_all(&mut key, &rule, &ctx(T0)), 0);
+    // After the grace period eu and us count as what they used: 50 are free, and with no
+    // other claim seen this region's claim grows into them (by its forecast demand, then by
+    // a third of what is left at each raise, rounded down), never beyond.
+    let later = ctx(T0 + CLAIM_GRACE_MS);
+    let n = admit_all(&mut key, &rule, &later);
+    assert!((45..=50).contains(&n), "{n}");
+    let usage = key.usage(&target, &later);
+    assert_eq!(usage.used, 250 + n);
+    assert_eq!(usage.regions, vec![n, 0, 250]);
 }
 
 #[test]
@@ -151,23 +196,35 @@ fn an_unreachable_region_counts_as_its_last_known_usage_when_that_is_above_its_s
     let target = rule.target(None, 1).unwrap();
     let mut key = KeyState::new();
     let us = RegionMask::EMPTY.with(RegionIdx(2));
-    let ctx = DecideCtx {
-        now: T0,
+    let ctx = |now| DecideCtx {
+        now,
         me: NodeIdx(0),
         replicas: &replicas,
         view: view(us, 1),
     };
-    key.merge(&consumed_by(NodeIdx(2), 180, &rule), &target, &ctx)
+    key.merge(&consumed_by(NodeIdx(2), 180, &rule), &target, &ctx(T0))
         .unwrap();
-    // us is assumed at max(180, 100) = 180: 120 left, shared by the two regions that can
-    // still consume, so 60 before the next sync.
-    assert_eq!(admit_all(&mut key, &rule, &ctx), 60);
+    // us is assumed at max(180, 100) = 180 and eu, not heard claiming, at its share of 100:
+    // 20 left, and this region is the only one that may raise.
+    assert_eq!(admit_all(&mut key, &rule, &ctx(T0)), 20);
+    // After the grace period eu is no longer reserved: 120 left, shared with eu, the other
+    // region that can still consume; with no other claim seen the claim grows by half of
+    // what is free at each raise: 99 of the 100 left (parts are rounded down).
+    let later = ctx(T0 + CLAIM_GRACE_MS);
+    assert_eq!(admit_all(&mut key, &rule, &later), 99);
+    assert_eq!(
+        key.crdt()
+            .claims
+            .get(rule.algorithm.epoch(T0), NodeIdx(0))
+            .map(|c| c.ceiling),
+        Some(119)
+    );
     // Had us used less than its share, it would count as its full share: 100.
     let mut other = KeyState::new();
     other
-        .merge(&consumed_by(NodeIdx(2), 30, &rule), &target, &ctx)
+        .merge(&consumed_by(NodeIdx(2), 30, &rule), &target, &ctx(T0))
         .unwrap();
-    assert_eq!(admit_all(&mut other, &rule, &ctx), 100);
+    assert_eq!(admit_all(&mut other, &rule, &ctx(T0)), 100);
 }
 
 #[test]
