@@ -10,7 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
 use crate::config::{Config, ConfigError};
-use crate::limiter::{ApiError, CheckRequest, Clock, Limiter, Outcome};
+use crate::limiter::{ApiError, CheckRef, Clock, Limiter, Outcome};
 use crate::replication::Replication;
 use levee_core::{Decision, RuleMode};
 use levee_proto::{ForwardCheck, ForwardDecision};
@@ -248,11 +248,11 @@ impl App {
     /// Decides a check where it belongs: here if this node owns the key (or runs alone),
     /// else at the owner in this region; alone, under this node's conservative cap, if the
     /// owner is unreachable or does not answer in time.
-    pub async fn check(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+    pub async fn check(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
         let Some(repl) = self.replication.get() else {
             return self.limiter.check(req);
         };
-        let owner = repl.owner(&req.key);
+        let owner = repl.owner(req.key);
         if owner == repl.me() {
             return self.limiter.check(req);
         }
@@ -269,31 +269,29 @@ impl App {
 
     /// Decides several checks, each on its own, in order, each where it belongs. Every check
     /// is validated before any is decided.
-    pub async fn batch(&self, checks: &[CheckRequest]) -> Result<Vec<Outcome>, ApiError> {
+    pub async fn batch(&self, checks: &[CheckRef<'_>]) -> Result<Vec<Outcome>, ApiError> {
         if self.replication.get().is_none() {
             return self.limiter.batch(checks);
         }
         for (i, c) in checks.iter().enumerate() {
-            self.limiter.validate(c).map_err(|e| ApiError {
+            self.limiter.validate(*c).map_err(|e| ApiError {
                 message: format!("checks[{i}].{}", e.message),
                 ..e
             })?;
         }
         let mut out = Vec::with_capacity(checks.len());
         for c in checks {
-            out.push(self.check(c).await?);
+            out.push(self.check(*c).await?);
         }
         Ok(out)
     }
 
     /// Gives tokens back where the key's consumption is counted (its owner).
-    pub async fn refund(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+    pub async fn refund(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
         let Some(repl) = self.replication.get() else {
-            return self
-                .limiter
-                .refund(&req.rule, &req.key, req.cost, req.class.as_deref());
+            return self.limiter.refund(req.rule, req.key, req.cost, req.class);
         };
-        let owner = repl.owner(&req.key);
+        let owner = repl.owner(req.key);
         if owner != repl.me() {
             self.limiter.validate(req)?;
             if repl.is_reachable(owner)
@@ -304,31 +302,25 @@ impl App {
                     .outcome_of(req, decision_of(d, &self.limiter, req));
             }
         }
-        self.limiter.refund_with(
-            &req.rule,
-            &req.key,
-            req.cost,
-            req.class.as_deref(),
-            owner != repl.me(),
-        )
+        self.limiter
+            .refund_with(req.rule, req.key, req.cost, req.class, owner != repl.me())
     }
 
     /// Decides a check forwarded by a region-mate, as the key's owner. `None` if it cannot be
     /// decided here (the forwarder then decides alone).
     pub fn decide_forwarded(&self, c: &ForwardCheck) -> Option<ForwardDecision> {
-        let req = CheckRequest {
-            rule: c.rule.clone(),
-            key: c.key.clone(),
+        let req = CheckRef {
+            rule: &c.rule,
+            key: &c.key,
             cost: c.cost,
-            class: c.class.clone(),
-            idempotency_key: c.idempotency_key.clone(),
+            class: c.class.as_deref(),
+            idempotency_key: c.idempotency_key.as_deref(),
             dry_run: c.dry_run,
         };
         let out = if c.refund {
-            self.limiter
-                .refund(&req.rule, &req.key, req.cost, req.class.as_deref())
+            self.limiter.refund(req.rule, req.key, req.cost, req.class)
         } else {
-            self.limiter.check(&req)
+            self.limiter.check(req)
         }
         .ok()?;
         let d = out.decision;
@@ -350,23 +342,23 @@ impl App {
 }
 
 /// Which changed setting a reload cannot apply (addresses, identity, cluster membership).
-fn forward_check(req: &CheckRequest, refund: bool) -> ForwardCheck {
+fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
     ForwardCheck {
-        rule: req.rule.clone(),
-        key: req.key.clone(),
+        rule: req.rule.to_owned(),
+        key: req.key.to_owned(),
         cost: req.cost,
-        class: req.class.clone(),
+        class: req.class.map(str::to_owned),
         dry_run: req.dry_run,
-        idempotency_key: req.idempotency_key.clone(),
+        idempotency_key: req.idempotency_key.map(str::to_owned),
         refund,
     }
 }
 
-fn decision_of(d: ForwardDecision, limiter: &Limiter, req: &CheckRequest) -> Decision {
+fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'_>) -> Decision {
     let mode = limiter
         .rules()
         .by_name
-        .get(&req.rule)
+        .get(req.rule)
         .map_or(RuleMode::Enforce, |e| e.rule.mode);
     Decision {
         allowed: d.allowed,

@@ -4,22 +4,30 @@
 //! decoded with the path of any wrong field in the error (400). Every error is
 //! `{"error": code, "message": …}`.
 
+use std::borrow::Cow;
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::http::{self, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
+use bytes::BytesMut;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::app::App;
-use crate::limiter::{AllEntry, AllOutcome, ApiError, CheckRequest, Outcome};
+use crate::limiter::{AllEntry, AllOutcome, ApiError, CheckRef, Field, Outcome};
 use levee_core::rule::KeyFrom;
 
 /// Builds the router of the API.
@@ -84,7 +92,14 @@ fn error_response(e: &ApiError) -> Response {
 }
 
 fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    bytes_response(
+        status,
+        serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec()),
+    )
+}
+
+/// An answer with a JSON body already written.
+fn bytes_response(status: StatusCode, bytes: Vec<u8>) -> Response {
     let mut resp = Response::new(Body::from(bytes));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
@@ -96,6 +111,11 @@ fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
 
 /// Reads and decodes a JSON body: 415 unless JSON, 413 beyond the limit, 400 naming the field.
 async fn json_body<T: DeserializeOwned>(app: &App, req: Request) -> Result<T, ApiError> {
+    decode(&json_bytes(app, req).await?)
+}
+
+/// Reads a JSON body: 415 unless JSON, 413 beyond the limit.
+async fn json_bytes(app: &App, req: Request) -> Result<Bytes, ApiError> {
     let (parts, body) = req.into_parts();
     let limit = app.max_body();
     if let Some(len) = parts
@@ -136,7 +156,7 @@ async fn json_body<T: DeserializeOwned>(app: &App, req: Request) -> Result<T, Ap
             ApiError::invalid(format!("body: could not be read: {e}"))
         }
     })?;
-    decode(&bytes)
+    Ok(bytes)
 }
 
 fn too_large(limit: usize) -> ApiError {
@@ -195,10 +215,12 @@ struct CheckBody {
     all: Option<Vec<AllEntry>>,
 }
 
-fn cost_of(cost: Option<i64>, field: &str) -> Result<u64, ApiError> {
+fn cost_of(cost: Option<i64>, field: Field) -> Result<u64, ApiError> {
     match cost {
         None => Ok(1),
-        Some(c) if c < 0 => Err(ApiError::invalid(format!("{field}: must not be negative"))),
+        Some(c) if c < 0 => Err(ApiError::invalid(format!(
+            "{field}cost: must not be negative"
+        ))),
         Some(c) => Ok(c as u64),
     }
 }
@@ -219,13 +241,13 @@ struct DecisionJson<'a> {
     would_allow: Option<bool>,
 }
 
-impl<'a> From<&'a Outcome> for DecisionJson<'a> {
-    fn from(o: &'a Outcome) -> DecisionJson<'a> {
+impl<'a> DecisionJson<'a> {
+    fn new(rule: &'a str, key: &'a str, o: &Outcome) -> DecisionJson<'a> {
         let d = &o.decision;
         DecisionJson {
             allowed: d.allowed,
-            rule: &o.rule,
-            key: &o.key,
+            rule,
+            key,
             limit: d.limit,
             remaining: d.remaining,
             reset_after_ms: d.reset_after_ms,
@@ -237,40 +259,56 @@ impl<'a> From<&'a Outcome> for DecisionJson<'a> {
     }
 }
 
-/// Adds the rate-limit headers of an outcome.
-fn rate_limit_headers(headers: &mut HeaderMap, o: &Outcome) {
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Adds the rate-limit headers of an outcome. The values are written into one buffer and
+/// handed to the header map as slices of it (two allocations for all of them).
+fn rate_limit_headers(headers: &mut HeaderMap, rule: &str, o: &Outcome) {
     let d = &o.decision;
     let reset_secs = d.reset_after_ms.div_ceil(1000);
-    let mut put = |name: HeaderName, value: String| {
-        if let Ok(v) = HeaderValue::from_str(&value) {
+    let mut n = itoa::Buffer::new();
+    let mut buf = BytesMut::with_capacity(2 * rule.len() + 128);
+    let put = |headers: &mut HeaderMap, name: HeaderName, buf: &mut BytesMut| {
+        if let Ok(v) = HeaderValue::from_maybe_shared(buf.split().freeze()) {
             headers.insert(name, v);
         }
     };
-    put(
-        HeaderName::from_static("ratelimit-policy"),
-        format!("\"{}\";q={};w={}", o.rule, d.limit, o.window_secs),
-    );
-    put(
-        HeaderName::from_static("ratelimit"),
-        format!("\"{}\";r={};t={}", o.rule, d.remaining, reset_secs),
-    );
-    put(
-        HeaderName::from_static("x-ratelimit-limit"),
-        d.limit.to_string(),
-    );
-    put(
-        HeaderName::from_static("x-ratelimit-remaining"),
-        d.remaining.to_string(),
-    );
-    put(
-        HeaderName::from_static("x-ratelimit-reset"),
-        reset_secs.to_string(),
-    );
+    for (name, letter, value, unit) in [
+        (RATELIMIT_POLICY, b"q", d.limit, b"w"),
+        (RATELIMIT, b"r", d.remaining, b"t"),
+    ] {
+        buf.extend_from_slice(b"\"");
+        buf.extend_from_slice(rule.as_bytes());
+        buf.extend_from_slice(b"\";");
+        buf.extend_from_slice(letter);
+        buf.extend_from_slice(b"=");
+        buf.extend_from_slice(n.format(value).as_bytes());
+        buf.extend_from_slice(b";");
+        buf.extend_from_slice(unit);
+        buf.extend_from_slice(b"=");
+        let after = if unit == b"w" {
+            o.window_secs
+        } else {
+            reset_secs
+        };
+        buf.extend_from_slice(n.format(after).as_bytes());
+        put(headers, name, &mut buf);
+    }
+    for (name, value) in [
+        (X_RATELIMIT_LIMIT, d.limit),
+        (X_RATELIMIT_REMAINING, d.remaining),
+        (X_RATELIMIT_RESET, reset_secs),
+    ] {
+        buf.extend_from_slice(n.format(value).as_bytes());
+        put(headers, name, &mut buf);
+    }
     if !d.allowed {
-        put(
-            header::RETRY_AFTER,
-            d.retry_after_ms.div_ceil(1000).max(1).to_string(),
-        );
+        buf.extend_from_slice(n.format(d.retry_after_ms.div_ceil(1000).max(1)).as_bytes());
+        put(headers, header::RETRY_AFTER, &mut buf);
     }
 }
 
@@ -290,7 +328,7 @@ async fn check(State(app): State<Arc<App>>, req: Request) -> Response {
 
 async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
     let body: CheckBody = json_body(app, req).await?;
-    let cost = cost_of(body.cost, "cost")?;
+    let cost = cost_of(body.cost, Field::Top)?;
     if let Some(all) = body.all {
         if body.rule.is_some() || body.key.is_some() || body.class.is_some() {
             return Err(ApiError::invalid(
@@ -307,7 +345,7 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
         let out =
             app.limiter
                 .check_all(&all, cost, body.dry_run, body.idempotency_key.as_deref())?;
-        return Ok(all_response(&out));
+        return Ok(all_response(&all, &out));
     }
     let rule = body
         .rule
@@ -315,102 +353,266 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
     let key = body
         .key
         .ok_or_else(|| ApiError::invalid("key: missing field"))?;
-    let req = CheckRequest {
-        rule,
-        key,
-        cost,
-        class: body.class,
-        idempotency_key: body.idempotency_key,
-        dry_run: body.dry_run,
-    };
-    let out = app.check(&req).await?;
-    let mut resp = json_response(StatusCode::OK, &DecisionJson::from(&out));
-    rate_limit_headers(resp.headers_mut(), &out);
+    let out = app
+        .check(CheckRef {
+            rule: &rule,
+            key: &key,
+            cost,
+            class: body.class.as_deref(),
+            idempotency_key: body.idempotency_key.as_deref(),
+            dry_run: body.dry_run,
+        })
+        .await?;
+    let mut resp = json_response(StatusCode::OK, &DecisionJson::new(&rule, &key, &out));
+    rate_limit_headers(resp.headers_mut(), &rule, &out);
     Ok(resp)
 }
 
-fn all_response(out: &AllOutcome) -> Response {
+fn all_response(entries: &[AllEntry], out: &AllOutcome) -> Response {
     #[derive(Serialize)]
     struct AllJson<'a> {
         #[serde(flatten)]
         top: DecisionJson<'a>,
         results: Vec<DecisionJson<'a>>,
     }
-    let binding = &out.results[out.binding];
-    let mut top = DecisionJson::from(binding);
-    top.allowed = out.allowed;
-    let results = out.results.iter().map(DecisionJson::from).collect();
-    let mut resp = json_response(StatusCode::OK, &AllJson { top, results });
-    let mut shown = binding.clone();
+    let binding = &entries[out.binding];
+    let mut shown = out.results[out.binding];
     shown.decision.allowed = out.allowed;
-    rate_limit_headers(resp.headers_mut(), &shown);
+    let top = DecisionJson::new(&binding.rule, &binding.key, &shown);
+    let results = entries
+        .iter()
+        .zip(&out.results)
+        .map(|(e, o)| DecisionJson::new(&e.rule, &e.key, o))
+        .collect();
+    let mut resp = json_response(StatusCode::OK, &AllJson { top, results });
+    rate_limit_headers(resp.headers_mut(), &binding.rule, &shown);
     resp
 }
 
-async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
+/// One check of a batch as the fast path reads it: strings borrowed from the body. A string
+/// with an escape cannot be borrowed; such a body (like any body the fast path refuses) goes
+/// through [`batch_checks_slow`], which decides what the answer is.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FastCheck<'a> {
+    #[serde(borrow)]
+    rule: Option<&'a str>,
+    #[serde(borrow)]
+    key: Option<&'a str>,
+    cost: Option<i64>,
+    #[serde(borrow)]
+    class: Option<&'a str>,
+    #[serde(borrow)]
+    idempotency_key: Option<&'a str>,
+    #[serde(default)]
+    dry_run: bool,
+    all: Option<serde::de::IgnoredAny>,
+}
+
+/// The body of `POST /v1/check/batch`, borrowed.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FastBatch<'a> {
+    #[serde(borrow)]
+    checks: Vec<ObjectOnly<FastCheck<'a>>>,
+}
+
+/// A value that must be a JSON object (serde would also read a struct from an array).
+struct ObjectOnly<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Object(std::marker::PhantomData))
+            .map(ObjectOnly)
+    }
+}
+
+/// The checks of a batch body, borrowed from it; `None` when the fast path cannot read the
+/// body (a malformed or wrongly typed field, an escaped string, a duplicate field …).
+fn batch_checks_fast(bytes: &[u8]) -> Option<Vec<FastCheck<'_>>> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let body: FastBatch<'_> = serde_json::from_slice(bytes).ok()?;
+    Some(body.checks.into_iter().map(|c| c.0).collect())
+}
+
+/// The checks of a batch body as owned values, through `serde_json::Value` and
+/// `serde_path_to_error`: slower, and the reference for what a body means and how a wrong
+/// one is explained (the path of the field, the first wrong check first).
+fn batch_checks_slow(app: &App, bytes: &[u8]) -> Result<Vec<CheckBody>, ApiError> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct BatchBody {
         checks: Vec<serde_json::Value>,
     }
-    #[derive(Serialize)]
-    struct BatchJson<'a> {
-        results: Vec<DecisionJson<'a>>,
+    let body: BatchBody = decode(bytes)?;
+    if body.checks.len() > app.max_batch() {
+        return Err(too_many_checks(app, body.checks.len()));
     }
-    let started = Instant::now();
-    let result: Result<Response, ApiError> = async {
-        let body: BatchBody = json_body(&app, req).await?;
-        if body.checks.len() > app.max_batch() {
+    let mut checks = Vec::with_capacity(body.checks.len());
+    for (i, v) in body.checks.into_iter().enumerate() {
+        if !v.is_object() {
             return Err(ApiError::invalid(format!(
-                "checks: {} checks, at most {} allowed",
-                body.checks.len(),
-                app.max_batch()
+                "checks[{i}]: must be a JSON object"
             )));
         }
-        let mut checks = Vec::with_capacity(body.checks.len());
-        for (i, v) in body.checks.into_iter().enumerate() {
-            if !v.is_object() {
-                return Err(ApiError::invalid(format!(
-                    "checks[{i}]: must be a JSON object"
-                )));
+        let c: CheckBody = serde_path_to_error::deserialize(v).map_err(|e| {
+            let path = e.path().to_string();
+            let msg = strip_position(&e.into_inner().to_string());
+            if path == "." {
+                ApiError::invalid(format!("checks[{i}]: {msg}"))
+            } else {
+                ApiError::invalid(format!("checks[{i}].{path}: {msg}"))
             }
-            let c: CheckBody = serde_path_to_error::deserialize(v).map_err(|e| {
-                let path = e.path().to_string();
-                let msg = strip_position(&e.into_inner().to_string());
-                if path == "." {
-                    ApiError::invalid(format!("checks[{i}]: {msg}"))
-                } else {
-                    ApiError::invalid(format!("checks[{i}].{path}: {msg}"))
-                }
-            })?;
-            if c.all.is_some() {
-                return Err(ApiError::invalid(format!(
-                    "checks[{i}].all: atomic calls go to /v1/check"
-                )));
+        })?;
+        batch_check(
+            i,
+            c.rule.as_deref(),
+            c.key.as_deref(),
+            c.cost,
+            c.class.as_deref(),
+            c.idempotency_key.as_deref(),
+            c.dry_run,
+            c.all.is_some(),
+        )?;
+        checks.push(c);
+    }
+    Ok(checks)
+}
+
+fn too_many_checks(app: &App, n: usize) -> ApiError {
+    ApiError::invalid(format!(
+        "checks: {n} checks, at most {} allowed",
+        app.max_batch()
+    ))
+}
+
+/// Validates the fields of check `i` of a batch (both paths): the same messages, in the same
+/// order.
+#[allow(clippy::too_many_arguments)]
+fn batch_check<'a>(
+    i: usize,
+    rule: Option<&'a str>,
+    key: Option<&'a str>,
+    cost: Option<i64>,
+    class: Option<&'a str>,
+    idempotency_key: Option<&'a str>,
+    dry_run: bool,
+    all: bool,
+) -> Result<CheckRef<'a>, ApiError> {
+    if all {
+        return Err(ApiError::invalid(format!(
+            "checks[{i}].all: atomic calls go to /v1/check"
+        )));
+    }
+    let cost = cost_of(cost, Field::Check(i))?;
+    let rule = rule.ok_or_else(|| ApiError::invalid(format!("checks[{i}].rule: missing field")))?;
+    let key = key.ok_or_else(|| ApiError::invalid(format!("checks[{i}].key: missing field")))?;
+    Ok(CheckRef {
+        rule,
+        key,
+        cost,
+        class,
+        idempotency_key,
+        dry_run,
+    })
+}
+
+/// The answer to a batch: `{"results": [...]}`, written straight from the checks and their
+/// outcomes.
+struct BatchJson<'a> {
+    checks: &'a [CheckRef<'a>],
+    outs: &'a [Outcome],
+}
+
+impl Serialize for BatchJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Results<'a>(&'a BatchJson<'a>);
+        impl Serialize for Results<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(
+                    self.0
+                        .checks
+                        .iter()
+                        .zip(self.0.outs)
+                        .map(|(c, o)| DecisionJson::new(c.rule, c.key, o)),
+                )
             }
-            let cost = cost_of(c.cost, &format!("checks[{i}].cost"))?;
-            let rule = c
-                .rule
-                .ok_or_else(|| ApiError::invalid(format!("checks[{i}].rule: missing field")))?;
-            let key = c
-                .key
-                .ok_or_else(|| ApiError::invalid(format!("checks[{i}].key: missing field")))?;
-            checks.push(CheckRequest {
-                rule,
-                key,
-                cost,
-                class: c.class,
-                idempotency_key: c.idempotency_key,
-                dry_run: c.dry_run,
-            });
         }
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("BatchJson", 1)?;
+        st.serialize_field("results", &Results(self))?;
+        st.end()
+    }
+}
+
+async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
+    let started = Instant::now();
+    let result: Result<Response, ApiError> = async {
+        let bytes = json_bytes(&app, req).await?;
+        let slow;
+        let checks: Vec<CheckRef<'_>> = match batch_checks_fast(&bytes) {
+            Some(fast) => {
+                if fast.len() > app.max_batch() {
+                    return Err(too_many_checks(&app, fast.len()));
+                }
+                fast.into_iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        batch_check(
+                            i,
+                            c.rule,
+                            c.key,
+                            c.cost,
+                            c.class,
+                            c.idempotency_key,
+                            c.dry_run,
+                            c.all.is_some(),
+                        )
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            None => {
+                slow = batch_checks_slow(&app, &bytes)?;
+                slow.iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        batch_check(
+                            i,
+                            c.rule.as_deref(),
+                            c.key.as_deref(),
+                            c.cost,
+                            c.class.as_deref(),
+                            c.idempotency_key.as_deref(),
+                            c.dry_run,
+                            c.all.is_some(),
+                        )
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
         let outs = app.batch(&checks).await?;
-        Ok(json_response(
-            StatusCode::OK,
+        let mut body = Vec::with_capacity(16 + checks.len() * 192);
+        serde_json::to_writer(
+            &mut body,
             &BatchJson {
-                results: outs.iter().map(DecisionJson::from).collect(),
+                checks: &checks,
+                outs: &outs,
             },
-        ))
+        )
+        .map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+        Ok(bytes_response(StatusCode::OK, body))
     }
     .await;
     let resp = result.unwrap_or_else(IntoResponse::into_response);
@@ -433,18 +635,22 @@ async fn refund(State(app): State<Arc<App>>, req: Request) -> Response {
     }
     let result: Result<Response, ApiError> = async {
         let body: RefundBody = json_body(&app, req).await?;
-        let cost = cost_of(body.cost, "cost")?;
-        let req = CheckRequest {
-            rule: body.rule,
-            key: body.key,
-            cost,
-            class: body.class,
-            idempotency_key: None,
-            dry_run: false,
-        };
-        let out = app.refund(&req).await?;
-        let mut resp = json_response(StatusCode::OK, &DecisionJson::from(&out));
-        rate_limit_headers(resp.headers_mut(), &out);
+        let cost = cost_of(body.cost, Field::Top)?;
+        let out = app
+            .refund(CheckRef {
+                rule: &body.rule,
+                key: &body.key,
+                cost,
+                class: body.class.as_deref(),
+                idempotency_key: None,
+                dry_run: false,
+            })
+            .await?;
+        let mut resp = json_response(
+            StatusCode::OK,
+            &DecisionJson::new(&body.rule, &body.key, &out),
+        );
+        rate_limit_headers(resp.headers_mut(), &body.rule, &out);
         Ok(resp)
     }
     .await;
@@ -458,6 +664,9 @@ struct AuthzQuery {
     deny_status: Option<String>,
 }
 
+/// `/v1/authz/{rule}` through the router: requests with a query string (`deny_status`), or
+/// a rule name that needs percent-decoding. The others take [`Api`]'s direct path; both
+/// answer alike.
 async fn authz(
     State(app): State<Arc<App>>,
     Path(rule): Path<String>,
@@ -466,26 +675,33 @@ async fn authz(
     headers: HeaderMap,
 ) -> Response {
     let started = Instant::now();
-    let resp = authz_inner(&app, &rule, q, peer, &headers)
-        .await
-        .unwrap_or_else(IntoResponse::into_response);
+    let resp = match deny_status(q.deny_status.as_deref()) {
+        Ok(status) => match authz_input(&app, &rule, peer, &headers) {
+            Ok(input) => match app.check(input.check(&rule)).await {
+                Ok(out) => authz_response(&rule, &out, status).map(Body::new),
+                Err(e) => e.into_response(),
+            },
+            Err(e) => e.into_response(),
+        },
+        Err(e) => e.into_response(),
+    };
+    authz_done(&app, started, resp.status());
+    resp
+}
+
+/// Records the metrics of an `/v1/authz` answer.
+fn authz_done(app: &App, started: Instant, status: StatusCode) {
     app.limiter
         .metrics()
         .check_duration
         .record(started.elapsed().as_secs_f64());
-    crate::metrics::http("authz", resp.status().as_u16());
-    resp
+    crate::metrics::http("authz", status.as_u16());
 }
 
-async fn authz_inner(
-    app: &App,
-    rule: &str,
-    q: AuthzQuery,
-    peer: SocketAddr,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
-    let deny_status = match q.deny_status.as_deref() {
-        None => StatusCode::TOO_MANY_REQUESTS,
+/// The status of a denial: `deny_status` if given (a 4xx code), else 429.
+fn deny_status(q: Option<&str>) -> Result<StatusCode, ApiError> {
+    match q {
+        None => Ok(StatusCode::TOO_MANY_REQUESTS),
         Some(s) => s
             .parse::<u16>()
             .ok()
@@ -493,30 +709,56 @@ async fn authz_inner(
             .and_then(|c| StatusCode::from_u16(c).ok())
             .ok_or_else(|| {
                 ApiError::invalid(format!("deny_status: {s:?} is not a 4xx status code"))
-            })?,
-    };
-    let key_from = {
-        let rules = app.limiter.rules();
-        let entry = rules.by_name.get(rule).ok_or_else(|| ApiError {
-            status: 404,
-            code: "unknown_rule",
-            message: format!("rule: no rule named {rule:?} is configured"),
-        })?;
-        entry.rule.key_from.clone().unwrap_or(KeyFrom::Ip)
-    };
-    let key = match &key_from {
-        KeyFrom::Header(name) => headers
+            }),
+    }
+}
+
+/// What `/v1/authz/{rule}` reads from the request: the key (borrowed from a header when it
+/// can be), the cost and the class.
+struct AuthzInput<'a> {
+    key: Cow<'a, str>,
+    cost: u64,
+    class: Option<&'a str>,
+}
+
+impl AuthzInput<'_> {
+    fn check<'b>(&'b self, rule: &'b str) -> CheckRef<'b> {
+        CheckRef {
+            rule,
+            key: &self.key,
+            cost: self.cost,
+            class: self.class,
+            idempotency_key: None,
+            dry_run: false,
+        }
+    }
+}
+
+fn authz_input<'a>(
+    app: &App,
+    rule: &str,
+    peer: SocketAddr,
+    headers: &'a HeaderMap,
+) -> Result<AuthzInput<'a>, ApiError> {
+    let rules = app.limiter.rules();
+    let entry = rules.by_name.get(rule).ok_or_else(|| ApiError {
+        status: 404,
+        code: "unknown_rule",
+        message: format!("rule: no rule named {rule:?} is configured"),
+    })?;
+    let key = match &entry.rule.key_from {
+        Some(KeyFrom::Header(name)) => headers
             .get(name.as_str())
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
             .filter(|v| !v.is_empty())
-            .map(str::to_owned)
+            .map(Cow::Borrowed)
             .ok_or_else(|| ApiError {
                 status: 400,
                 code: "missing_key",
                 message: format!("header {name}: missing or empty"),
             })?,
-        KeyFrom::Ip => client_ip(headers, peer),
+        Some(KeyFrom::Ip) | None => client_ip(headers, peer),
     };
     let cost = match headers.get("x-ratelimit-cost") {
         None => 1,
@@ -530,40 +772,40 @@ async fn authz_inner(
     };
     let class = headers
         .get("x-ratelimit-class")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let out = app
-        .check(&CheckRequest {
-            rule: rule.to_owned(),
-            key,
-            cost,
-            class,
-            idempotency_key: None,
-            dry_run: false,
-        })
-        .await?;
+        .and_then(|v| v.to_str().ok());
+    Ok(AuthzInput { key, cost, class })
+}
+
+/// The answer to an `/v1/authz` decision: 200 and an empty body, or the denial status with
+/// `{"error": "rate_limited", "retry_after_ms": N}`; the rate-limit headers on both.
+fn authz_response(
+    rule: &str,
+    out: &Outcome,
+    deny_status: StatusCode,
+) -> http::Response<Full<Bytes>> {
     let mut resp = if out.decision.allowed {
-        Response::new(Body::empty())
+        http::Response::new(Full::new(Bytes::new()))
     } else {
-        #[derive(Serialize)]
-        struct Denied {
-            error: &'static str,
-            retry_after_ms: u64,
-        }
-        json_response(
-            deny_status,
-            &Denied {
-                error: "rate_limited",
-                retry_after_ms: out.decision.retry_after_ms,
-            },
-        )
+        let mut n = itoa::Buffer::new();
+        let retry = n.format(out.decision.retry_after_ms);
+        let mut body = Vec::with_capacity(48);
+        body.extend_from_slice(br#"{"error":"rate_limited","retry_after_ms":"#);
+        body.extend_from_slice(retry.as_bytes());
+        body.push(b'}');
+        let mut resp = http::Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = deny_status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
     };
-    rate_limit_headers(resp.headers_mut(), &out);
-    Ok(resp)
+    rate_limit_headers(resp.headers_mut(), rule, out);
+    resp
 }
 
 /// The client's address: the first `X-Forwarded-For` entry, else `X-Real-IP`, else the peer.
-fn client_ip(headers: &HeaderMap, peer: SocketAddr) -> String {
+fn client_ip(headers: &HeaderMap, peer: SocketAddr) -> Cow<'_, str> {
     let forwarded = headers
         .get("x-forwarded-for")
         .and_then(|v| v.to_str().ok())
@@ -575,10 +817,104 @@ fn client_ip(headers: &HeaderMap, peer: SocketAddr) -> String {
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());
-    forwarded
-        .or(real)
-        .map(str::to_owned)
-        .unwrap_or_else(|| peer.ip().to_string())
+    match forwarded.or(real) {
+        Some(ip) => Cow::Borrowed(ip),
+        None => Cow::Owned(peer.ip().to_string()),
+    }
+}
+
+/// The body of every answer: a full buffer (the direct path) or the router's body.
+pub type ApiBody = Either<Full<Bytes>, Body>;
+
+/// The HTTP service of one connection. `/v1/authz/{rule}` on a single node is answered
+/// directly — no router, no extractors, no boxed future, the key borrowed from its header —
+/// since it is what gateways call on every request they pass; everything else (and
+/// `/v1/authz` with a query string, a percent-encoded rule name, or in a cluster, where the
+/// decision may wait on the key's owner) goes through [`router`].
+#[derive(Clone)]
+pub struct Api {
+    app: Arc<App>,
+    router: TowerToHyperService<Router>,
+    peer: SocketAddr,
+}
+
+impl Api {
+    /// The service for a connection from `peer`.
+    pub fn new(app: Arc<App>, router: Router, peer: SocketAddr) -> Api {
+        Api {
+            app,
+            router: TowerToHyperService::new(router),
+            peer,
+        }
+    }
+}
+
+/// The rule of an `/v1/authz/{rule}` request the direct path can answer.
+fn direct_authz_rule(uri: &axum::http::Uri) -> Option<&str> {
+    if uri.query().is_some() {
+        return None;
+    }
+    let rule = uri.path().strip_prefix("/v1/authz/")?;
+    (!rule.is_empty() && !rule.bytes().any(|b| b == b'/' || b == b'%')).then_some(rule)
+}
+
+impl hyper::service::Service<Request<Incoming>> for Api {
+    type Response = Response<ApiBody>;
+    type Error = Infallible;
+    type Future = ApiFuture;
+
+    fn call(&self, mut req: Request<Incoming>) -> ApiFuture {
+        if let Some(rule) = direct_authz_rule(req.uri())
+            && self.app.replication.get().is_none()
+        {
+            let started = Instant::now();
+            let resp = match authz_input(&self.app, rule, self.peer, req.headers()) {
+                Ok(input) => match self.app.limiter.check(input.check(rule)) {
+                    Ok(out) => {
+                        authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS).map(Either::Left)
+                    }
+                    Err(e) => error_response(&e).map(Either::Right),
+                },
+                Err(e) => error_response(&e).map(Either::Right),
+            };
+            authz_done(&self.app, started, resp.status());
+            return ApiFuture::Ready(Some(resp));
+        }
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let routed = self.router.call(req);
+        ApiFuture::Routed(Box::pin(async move {
+            match routed.await {
+                Ok(resp) => resp.map(Either::Right),
+                Err(never) => match never {},
+            }
+        }))
+    }
+}
+
+/// The future of [`Api`]: an answer already made, or the router's.
+pub enum ApiFuture {
+    /// Answered directly (taken when polled).
+    Ready(Option<Response<ApiBody>>),
+    /// Answered by the router.
+    Routed(Pin<Box<dyn Future<Output = Response<ApiBody>> + Send>>),
+}
+
+impl Future for ApiFuture {
+    type Output = Result<Response<ApiBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            ApiFuture::Ready(resp) => Poll::Ready(Ok(resp.take().unwrap_or_else(|| {
+                error_response(&ApiError {
+                    status: 500,
+                    code: "internal",
+                    message: "the answer was already sent".into(),
+                })
+                .map(Either::Right)
+            }))),
+            ApiFuture::Routed(fut) => fut.as_mut().poll(cx).map(Ok),
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -165,6 +165,60 @@ fn one() -> u64 {
     1
 }
 
+impl CheckRequest {
+    /// The same check, borrowing its strings.
+    pub fn borrowed(&self) -> CheckRef<'_> {
+        CheckRef {
+            rule: &self.rule,
+            key: &self.key,
+            cost: self.cost,
+            class: self.class.as_deref(),
+            idempotency_key: self.idempotency_key.as_deref(),
+            dry_run: self.dry_run,
+        }
+    }
+}
+
+/// One check, borrowing its strings (from the request body or headers): what the decision
+/// path takes, so that deciding allocates nothing per check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckRef<'a> {
+    /// The rule's name.
+    pub rule: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// Tokens the request takes.
+    pub cost: u64,
+    /// Consumer class.
+    pub class: Option<&'a str>,
+    /// Retry identity.
+    pub idempotency_key: Option<&'a str>,
+    /// Decide without consuming.
+    pub dry_run: bool,
+}
+
+/// Where a check sits in the request, for error messages (`checks[3].key: …`). Formatted only
+/// when there is an error to explain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// A single check: fields are named as they are.
+    Top,
+    /// The check at this index of a batch's `checks`.
+    Check(usize),
+    /// The entry at this index of an atomic call's `all`.
+    All(usize),
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Field::Top => Ok(()),
+            Field::Check(i) => write!(f, "checks[{i}]."),
+            Field::All(i) => write!(f, "all[{i}]."),
+        }
+    }
+}
+
 /// One entry of an atomic `all` call.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -178,13 +232,10 @@ pub struct AllEntry {
     pub class: Option<String>,
 }
 
-/// A decision with what the answer needs to say about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A decision with what the answer needs to say about it (the rule and key are the
+/// request's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
-    /// The rule's name.
-    pub rule: String,
-    /// The key.
-    pub key: String,
     /// The decision.
     pub decision: Decision,
     /// The window the `RateLimit-Policy` header announces, in seconds.
@@ -221,11 +272,23 @@ enum Cached {
     All(AllDecision),
 }
 
-/// A resolved check: the rule, the bucket target and the stored identity.
+/// A resolved check: the rule and the bucket target.
 struct Resolved<'a> {
     entry: &'a Arc<RuleEntry>,
     target: Target<'a>,
-    id: KeyId,
+}
+
+impl Resolved<'_> {
+    /// Writes the key's stored identity into `buf`.
+    fn id_into(&self, buf: &mut Vec<u8>, key: &str) {
+        encode_id(buf, &self.entry.rule.name, self.target.bucket, key);
+    }
+
+    fn id(&self, key: &str) -> Vec<u8> {
+        let mut buf = Vec::new();
+        self.id_into(&mut buf, key);
+        buf
+    }
 }
 
 /// The limiter of one node.
@@ -330,37 +393,23 @@ impl Limiter {
     }
 
     /// Checks a request as [`Limiter::check`] would, without deciding it.
-    pub fn validate(&self, req: &CheckRequest) -> Result<(), ApiError> {
+    pub fn validate(&self, req: CheckRef<'_>) -> Result<(), ApiError> {
         let rules = self.rules.load();
-        self.resolve(
-            &rules,
-            "",
-            &req.rule,
-            &req.key,
-            req.class.as_deref(),
-            req.cost,
-        )
-        .map(|_| ())
+        self.resolve(&rules, Field::Top, req.rule, req.key, req.class, req.cost)
+            .map(|_| ())
     }
 
     /// The outcome of a decision made elsewhere (by the key's owner).
-    pub fn outcome_of(&self, req: &CheckRequest, decision: Decision) -> Result<Outcome, ApiError> {
+    pub fn outcome_of(&self, req: CheckRef<'_>, decision: Decision) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
-        let r = self.resolve(
-            &rules,
-            "",
-            &req.rule,
-            &req.key,
-            req.class.as_deref(),
-            req.cost,
-        )?;
-        Ok(self.outcome(&r, &req.rule, &req.key, decision))
+        let r = self.resolve(&rules, Field::Top, req.rule, req.key, req.class, req.cost)?;
+        Ok(outcome(&r, decision, self.clock.now_ms()))
     }
 
     fn resolve<'a>(
         &self,
         rules: &'a RuleSet,
-        field: &str,
+        field: Field,
         rule: &str,
         key: &str,
         class: Option<&str>,
@@ -375,60 +424,50 @@ impl Limiter {
             .rule
             .target(class, cost)
             .map_err(|e| ApiError::invalid(format!("{field}{}: {e}", e.field())))?;
-        let mut buf = Vec::new();
-        encode_id(&mut buf, &entry.rule.name, target.bucket, key);
-        Ok(Resolved {
-            entry,
-            target,
-            id: buf.into(),
-        })
+        Ok(Resolved { entry, target })
     }
 
     /// Decides one check.
-    pub fn check(&self, req: &CheckRequest) -> Result<Outcome, ApiError> {
+    pub fn check(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
         self.check_with(req, false)
     }
 
     /// Decides one check; `acting_alone` when this node is not the key's owner and decides
     /// because the owner is unreachable (under its own conservative cap).
-    pub fn check_with(&self, req: &CheckRequest, acting_alone: bool) -> Result<Outcome, ApiError> {
+    pub fn check_with(&self, req: CheckRef<'_>, acting_alone: bool) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
-        let r = self.resolve(
-            &rules,
-            "",
-            &req.rule,
-            &req.key,
-            req.class.as_deref(),
-            req.cost,
-        )?;
-        let decision = self.decide_resolved(&rules, &r, req, "", acting_alone)?;
-        Ok(self.outcome(&r, &req.rule, &req.key, decision))
+        let r = self.resolve(&rules, Field::Top, req.rule, req.key, req.class, req.cost)?;
+        let now = self.clock.now_ms();
+        let ctx = self.ctx_alone(&rules, now, acting_alone);
+        let mut id = Vec::new();
+        r.id_into(&mut id, req.key);
+        let decision = self.decide_resolved(&r, &id, req, Field::Top, &ctx)?;
+        Ok(outcome(&r, decision, now))
     }
 
     /// Decides a resolved check, answering a retry with a known idempotency key from the
     /// cache (without charging it again).
     fn decide_resolved(
         &self,
-        rules: &RuleSet,
         r: &Resolved<'_>,
-        req: &CheckRequest,
-        field: &str,
-        acting_alone: bool,
+        id: &[u8],
+        req: CheckRef<'_>,
+        field: Field,
+        ctx: &DecideCtx<'_>,
     ) -> Result<Decision, ApiError> {
         let decide = || {
-            let ctx = self.ctx_alone(rules, self.clock.now_ms(), acting_alone);
-            let d = self.store.with(&r.id, |s| {
-                s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, &ctx)
+            let d = self.store.with(id, |s| {
+                s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, ctx)
             });
             self.record(&r.entry.metrics, &d, req.dry_run);
             d
         };
-        let Some(k) = req.idempotency_key.as_ref().filter(|_| !req.dry_run) else {
+        let Some(k) = req.idempotency_key.filter(|_| !req.dry_run) else {
             return Ok(decide());
         };
-        let window = r.target.algorithm.policy_window_secs(self.clock.now_ms()) * 1000;
+        let window = r.target.algorithm.policy_window_secs(ctx.now) * 1000;
         let mut fresh = false;
-        let (cached, _) = self.idempotency.get_with((r.id.clone(), k.clone()), || {
+        let (cached, _) = self.idempotency.get_with((id.into(), k.to_owned()), || {
             fresh = true;
             (Cached::One(decide()), window)
         });
@@ -443,25 +482,22 @@ impl Limiter {
         }
     }
 
-    /// Decides several checks, each on its own, in order. Every check is validated before any
-    /// is decided.
-    pub fn batch(&self, checks: &[CheckRequest]) -> Result<Vec<Outcome>, ApiError> {
+    /// Decides several checks, each on its own, in order, at one instant. Every check is
+    /// validated before any is decided.
+    pub fn batch(&self, checks: &[CheckRef<'_>]) -> Result<Vec<Outcome>, ApiError> {
         let rules = self.rules.load();
         let mut resolved = Vec::with_capacity(checks.len());
         for (i, c) in checks.iter().enumerate() {
-            resolved.push(self.resolve(
-                &rules,
-                &format!("checks[{i}]."),
-                &c.rule,
-                &c.key,
-                c.class.as_deref(),
-                c.cost,
-            )?);
+            resolved.push(self.resolve(&rules, Field::Check(i), c.rule, c.key, c.class, c.cost)?);
         }
+        let now = self.clock.now_ms();
+        let ctx = self.ctx(&rules, now);
+        let mut id = Vec::with_capacity(64);
         let mut out = Vec::with_capacity(checks.len());
         for (i, (c, r)) in checks.iter().zip(&resolved).enumerate() {
-            let d = self.decide_resolved(&rules, r, c, &format!("checks[{i}]."), false)?;
-            out.push(self.outcome(r, &c.rule, &c.key, d));
+            r.id_into(&mut id, c.key);
+            let d = self.decide_resolved(r, &id, *c, Field::Check(i), &ctx)?;
+            out.push(outcome(r, d, now));
         }
         Ok(out)
     }
@@ -479,28 +515,32 @@ impl Limiter {
         }
         let rules = self.rules.load();
         let mut resolved = Vec::with_capacity(entries.len());
+        let mut ids: Vec<Vec<u8>> = Vec::with_capacity(entries.len());
         for (i, e) in entries.iter().enumerate() {
             let r = self.resolve(
                 &rules,
-                &format!("all[{i}]."),
+                Field::All(i),
                 &e.rule,
                 &e.key,
                 e.class.as_deref(),
                 cost,
             )?;
-            if let Some(j) = resolved.iter().position(|p: &Resolved<'_>| p.id == r.id) {
+            let id = r.id(&e.key);
+            if let Some(j) = ids.iter().position(|p| *p == id) {
                 return Err(ApiError::invalid(format!(
                     "all[{i}]: the same rule and key as all[{j}]"
                 )));
             }
             resolved.push(r);
+            ids.push(id);
         }
+        let now = self.clock.now_ms();
         let decide = || {
-            let ctx = self.ctx(&rules, self.clock.now_ms());
+            let ctx = self.ctx(&rules, now);
             // Lock every key's slot in one global order (sorted ids), never two shard locks.
-            let slots: Vec<_> = resolved.iter().map(|r| self.store.slot(&r.id)).collect();
+            let slots: Vec<_> = ids.iter().map(|id| self.store.slot(id)).collect();
             let mut order: Vec<usize> = (0..resolved.len()).collect();
-            order.sort_by(|&a, &b| resolved[a].id.cmp(&resolved[b].id));
+            order.sort_by(|&a, &b| ids[a].cmp(&ids[b]));
             let mut guards: Vec<(usize, MutexGuard<'_, Slot>)> =
                 order.iter().map(|&i| (i, slots[i].lock())).collect();
             guards.sort_by_key(|(i, _)| *i);
@@ -515,8 +555,8 @@ impl Limiter {
                     .collect();
                 decide_all(&mut checks, cost, dry_run, &ctx)
             };
-            for ((_, g), r) in guards.iter_mut().zip(&resolved) {
-                self.store.note(&r.id, g);
+            for ((_, g), id) in guards.iter_mut().zip(&ids) {
+                self.store.note(id, g);
             }
             for (d, r) in all.results.iter().zip(&resolved) {
                 self.record(&r.entry.metrics, d, dry_run);
@@ -526,13 +566,13 @@ impl Limiter {
         let all = match idempotency_key {
             Some(k) if !dry_run => {
                 let mut id: Vec<u8> = Vec::new();
-                for r in &resolved {
-                    id.extend_from_slice(&r.id);
+                for one in &ids {
+                    id.extend_from_slice(one);
                     id.push(0xfe);
                 }
                 let window = resolved
                     .iter()
-                    .map(|r| r.target.algorithm.policy_window_secs(self.clock.now_ms()) * 1000)
+                    .map(|r| r.target.algorithm.policy_window_secs(now) * 1000)
                     .max()
                     .unwrap_or(1000);
                 let mut fresh = false;
@@ -558,8 +598,7 @@ impl Limiter {
             .results
             .iter()
             .zip(&resolved)
-            .zip(entries)
-            .map(|((d, r), e)| self.outcome(r, &e.rule, &e.key, *d))
+            .map(|(d, r)| outcome(r, *d, now))
             .collect();
         Ok(AllOutcome {
             allowed: all.allowed,
@@ -589,10 +628,13 @@ impl Limiter {
         acting_alone: bool,
     ) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
-        let r = self.resolve(&rules, "", rule, key, class, cost)?;
-        let ctx = self.ctx_alone(&rules, self.clock.now_ms(), acting_alone);
-        let d = self.store.with(&r.id, |s| s.refund(&r.target, cost, &ctx));
-        Ok(self.outcome(&r, rule, key, d))
+        let r = self.resolve(&rules, Field::Top, rule, key, class, cost)?;
+        let now = self.clock.now_ms();
+        let ctx = self.ctx_alone(&rules, now, acting_alone);
+        let d = self
+            .store
+            .with(&r.id(key), |s| s.refund(&r.target, cost, &ctx));
+        Ok(outcome(&r, d, now))
     }
 
     /// A key's usage as this node sees it.
@@ -603,11 +645,11 @@ impl Limiter {
         class: Option<&str>,
     ) -> Result<UsageOutcome, ApiError> {
         let rules = self.rules.load();
-        let r = self.resolve(&rules, "", rule, key, class, 0)?;
+        let r = self.resolve(&rules, Field::Top, rule, key, class, 0)?;
         let ctx = self.ctx(&rules, self.clock.now_ms());
         let usage = self
             .store
-            .peek(&r.id, |s| s.usage(&r.target, &ctx))
+            .peek(&r.id(key), |s| s.usage(&r.target, &ctx))
             .unwrap_or_else(|| KeyState::new().usage(&r.target, &ctx));
         let region_names = rules
             .replicas
@@ -626,7 +668,7 @@ impl Limiter {
     pub fn reset(&self, rule: &str, key: &str) -> Result<bool, ApiError> {
         let rules = self.rules.load();
         let entry = rules.get("rule", rule)?;
-        check_key("", key)?;
+        check_key(Field::Top, key)?;
         let mut buf = Vec::new();
         let mut any = false;
         let buckets: Vec<Option<u8>> = std::iter::once(None)
@@ -653,14 +695,12 @@ impl Limiter {
                 .record(d.retry_after_ms as f64 / 1000.0);
         }
     }
+}
 
-    fn outcome(&self, r: &Resolved<'_>, rule: &str, key: &str, decision: Decision) -> Outcome {
-        Outcome {
-            rule: rule.to_owned(),
-            key: key.to_owned(),
-            decision,
-            window_secs: r.target.algorithm.policy_window_secs(self.clock.now_ms()),
-        }
+fn outcome(r: &Resolved<'_>, decision: Decision, now: u64) -> Outcome {
+    Outcome {
+        decision,
+        window_secs: r.target.algorithm.policy_window_secs(now),
     }
 }
 
@@ -682,7 +722,7 @@ fn same_basis(old: &Rule, new: &Rule) -> bool {
     basis(old) == basis(new) && old.class_method == new.class_method && classes(old) == classes(new)
 }
 
-fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
+fn check_key(field: Field, key: &str) -> Result<(), ApiError> {
     if key.is_empty() {
         return Err(ApiError::invalid(format!("{field}key: must not be empty")));
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -140,17 +141,7 @@ pub async fn run(
     on_ready(&app.config.load(), bound);
     tracing::info!(http = %bound, node = %node_id, "levee is serving");
 
-    let router = http::router(Arc::clone(&app));
-    let mut stop = stop_rx.clone();
-    let shutdown = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    let server = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .into_future();
+    let server = serve_http(listener, Arc::clone(&app), stop_rx.clone());
     let mut stop = stop_rx.clone();
     tokio::select! {
         res = server => res?,
@@ -170,6 +161,53 @@ pub async fn run(
     }
     tracing::info!("levee stopped");
     Ok(())
+}
+
+/// Accepts HTTP/1.1 connections until `stop` turns true, then stops accepting and waits for
+/// the open connections to finish their requests (idle keep-alive connections are closed).
+async fn serve_http(
+    listener: TcpListener,
+    app: Arc<App>,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let router = http::router(Arc::clone(&app));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = hyper::server::conn::http1::Builder::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // Out of file descriptors, most likely: wait instead of spinning.
+                    tracing::error!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let api = http::Api::new(Arc::clone(&app), router.clone(), peer);
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), api));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// Errors of one connection that `accept` reports; the listener itself is fine.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionAborted | ConnectionReset
+    )
 }
 
 fn write_snapshot(app: &App, node: &str, dir: &std::path::Path) {
