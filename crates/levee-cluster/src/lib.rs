@@ -380,9 +380,12 @@ impl Cluster {
                 // last acknowledgement. Push that at once, without waiting to be asked, so a
                 // healed partition converges within one round trip.
                 self.catch_up(from, prev, true, now, store);
-            } else if ack > prev.saturating_add(self.deaf_after()) && self.peer[i].caught_up <= prev
+            } else if ack > prev.saturating_add(self.cfg.suspect_after)
+                && self.peer[i].caught_up <= prev
             {
-                // It had stopped hearing us (a link cut one way) and hears us again.
+                // It had stopped hearing us for longer than `suspect_after` (a link cut one
+                // way) and hears us again. (A shorter jump is a reader catching up with a
+                // backlog: frames to a peer arrive in order, nothing was lost.)
                 self.catch_up(from, prev, false, now, store);
             }
             let p = &mut self.peer[i];
@@ -494,7 +497,13 @@ impl Cluster {
                 .queue
                 .extend(ids.into_iter().map(Push::Key)),
             // A peer that never acknowledged us has just started: it pulls everything.
-            None if or_all && since > 0 => self.push_all(to, now, store, |_| true, false),
+            None if or_all && since > 0 => {
+                // Everything supersedes the keys already queued for it.
+                self.peer[usize::from(to.0)]
+                    .queue
+                    .retain(|q| !matches!(q, Push::Key(_)));
+                self.push_all(to, now, store, |_| true, false);
+            }
             None => {}
         }
     }
@@ -648,6 +657,10 @@ impl Cluster {
         if floor > self.recent_floor {
             self.recent_floor = floor;
             self.recent.retain(|_, t| *t >= floor);
+            if self.recent.capacity() > 4 * self.recent.len().max(1024) {
+                // A burst (a fill) is over: give its memory back.
+                self.recent.shrink_to(2 * self.recent.len());
+            }
         }
     }
 
