@@ -25,6 +25,9 @@ pub struct ServeOptions {
     pub clock_offset_ms: i64,
     /// How often the configuration file is checked for changes.
     pub watch_interval: Option<Duration>,
+    /// Threads serving HTTP connections, each running its own single-threaded runtime
+    /// (`None`: one per core).
+    pub http_threads: Option<usize>,
 }
 
 /// Why a node could not start.
@@ -141,7 +144,11 @@ pub async fn run(
     on_ready(&app.config.load(), bound);
     tracing::info!(http = %bound, node = %node_id, "levee is serving");
 
-    let server = serve_http(listener, Arc::clone(&app), stop_rx.clone());
+    let threads = options
+        .http_threads
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let server = serve_http(listener, Arc::clone(&app), threads, stop_rx.clone());
     let mut stop = stop_rx.clone();
     tokio::select! {
         res = server => res?,
@@ -165,14 +172,22 @@ pub async fn run(
 
 /// Accepts HTTP/1.1 connections until `stop` turns true, then stops accepting and waits for
 /// the open connections to finish their requests (idle keep-alive connections are closed).
+///
+/// Each connection is served on one of `threads` threads, each running its own
+/// single-threaded runtime (the one with the fewest open connections gets the next): a
+/// request is read, decided and answered on one thread, without the wake-ups and work
+/// stealing between the workers of a shared runtime. Background work (replication, reloads,
+/// snapshots) stays on the runtime `run` was called on.
 async fn serve_http(
     listener: TcpListener,
     app: Arc<App>,
+    threads: usize,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let router = http::router(Arc::clone(&app));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = hyper::server::conn::http1::Builder::new();
+    let builder = Arc::new(hyper::server::conn::http1::Builder::new());
+    let workers = HttpThreads::start(threads)?;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -188,9 +203,18 @@ async fn serve_http(
             _ = stop.wait_for(|s| *s) => break,
         };
         let _ = stream.set_nodelay(true);
+        // Registered again with the reactor of the thread that serves it.
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
         let api = http::Api::new(Arc::clone(&app), router.clone(), peer);
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), api));
-        tokio::spawn(async move {
+        let builder = Arc::clone(&builder);
+        let watcher = graceful.watcher();
+        workers.spawn(async move {
+            let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
+                return;
+            };
+            let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), api));
             if let Err(e) = conn.await {
                 tracing::trace!(error = %e, "connection ended with an error");
             }
@@ -199,6 +223,61 @@ async fn serve_http(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The threads serving HTTP connections. Dropping this stops them (and drops whatever
+/// connection is still open on them).
+struct HttpThreads {
+    threads: Vec<HttpThread>,
+}
+
+struct HttpThread {
+    handle: tokio::runtime::Handle,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl HttpThreads {
+    fn start(n: usize) -> std::io::Result<HttpThreads> {
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = runtime.handle().clone();
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("levee-http-{i}"))
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        let _ = stop_rx.await;
+                    });
+                })?;
+            threads.push(HttpThread {
+                handle,
+                open: Arc::default(),
+                _stop: stop_tx,
+            });
+        }
+        Ok(HttpThreads { threads })
+    }
+
+    /// Runs a connection on the thread with the fewest open connections.
+    fn spawn(&self, conn: impl Future<Output = ()> + Send + 'static) {
+        let Some(t) = self
+            .threads
+            .iter()
+            .min_by_key(|t| t.open.load(Ordering::Relaxed))
+        else {
+            return;
+        };
+        let open = Arc::clone(&t.open);
+        open.fetch_add(1, Ordering::Relaxed);
+        t.handle.spawn(async move {
+            conn.await;
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
 }
 
 /// Errors of one connection that `accept` reports; the listener itself is fine.

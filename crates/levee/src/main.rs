@@ -172,15 +172,10 @@ fn main() -> ExitCode {
 fn serve(config: Option<PathBuf>, log_format: LogFormat, clock_offset_ms: i64) -> ExitCode {
     init_logging(log_format);
     let embedded = config.is_none();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = std::env::var("LEVEE_WORKER_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
     {
-        builder.worker_threads(n);
-    }
-    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -191,6 +186,11 @@ fn serve(config: Option<PathBuf>, log_format: LogFormat, clock_offset_ms: i64) -
         config,
         clock_offset_ms,
         watch_interval: None,
+        // Threads serving HTTP connections (default: one per core).
+        http_threads: std::env::var("LEVEE_WORKER_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0),
     };
     let result = runtime.block_on(levee_node::run(options, |config, addr| {
         if embedded {
