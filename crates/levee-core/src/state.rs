@@ -184,6 +184,8 @@ struct Evaluation {
     /// (raised, or its round caught up), if it changes; and whether to resend it.
     claim: Option<Claim>,
     resend_claim: bool,
+    /// … and its first claim for the next epoch, made during the last part of this one.
+    next_claim: Option<Claim>,
 }
 
 impl KeyState {
@@ -518,6 +520,7 @@ impl KeyState {
                         allowance: Allowance::default(),
                         claim: None,
                         resend_claim: false,
+                        next_claim: None,
                     };
                 }
                 // Every other region counts as having spent its full share.
@@ -568,6 +571,7 @@ impl KeyState {
         let global = slot.map_or(0, |s| s.net_total());
         let mut claim = None;
         let mut resend_claim = false;
+        let mut next_claim = None;
         let (available, capacity, allowance) = match ctx.view.consistency {
             Consistency::Strict => {
                 let base = base_of(target, ctx);
@@ -596,6 +600,17 @@ impl KeyState {
                     claim = Some(planned);
                 }
                 resend_claim = resend;
+                // Near the end of the epoch, the first claim for the next one goes out ahead
+                // of time, so that a region whose clock runs behind does not hold back the
+                // others' rounds when they enter it.
+                let end = algo.epoch_end(e);
+                let ahead = CLAIM_GRACE_MS.min(algo.epoch_len(ctx.now) / 2);
+                if ctx.now + ahead >= end && self.crdt.claims.get(e + 1, ctx.me).is_none() {
+                    let (next, _) = self.plan_claim(target, limit, e + 1, 0, 0, ctx);
+                    if next.step != 0 || next.ceiling != 0 {
+                        next_claim = Some(next);
+                    }
+                }
                 let room = i128::from(planned.ceiling) - i128::from(own);
                 let avail = left.min(room).max(0) as u64;
                 (avail, limit, Allowance::default())
@@ -618,6 +633,7 @@ impl KeyState {
             allowance,
             claim,
             resend_claim,
+            next_claim,
         }
     }
 
@@ -658,17 +674,19 @@ impl KeyState {
             step: 0,
             ceiling: 0,
         });
-        // What this node expects to need by the end of the epoch (the next quarter of it at
-        // most: claims can keep growing), plus a margin; everything it can get until its
+        // What this node expects to need by the end of the epoch (the next half of it at
+        // most: claims can keep growing, a round at a time), plus a margin for noise (10 %,
+        // or two standard deviations of a Poisson count); everything it can get until its
         // demand has been measured.
         let want = match self.cold.as_ref().map(|c| c.forecast) {
             Some(f) if f.is_primed() => {
                 let len = algo.epoch_len(ctx.now);
                 let ahead = (algo.epoch_end(e) - ctx.now)
-                    .min(len / 4)
+                    .min(len / 2)
                     .min(crate::escrow::HORIZON_MS);
                 let x = f.expected(ahead);
-                own_used + cost + x + x.div_ceil(10)
+                let margin = x.div_ceil(10).max((2.0 * (x as f64).sqrt()).ceil() as u64);
+                own_used + cost + x + margin
             }
             _ => u64::MAX,
         };
@@ -883,6 +901,7 @@ impl KeyState {
             allowance,
             claim: None,
             resend_claim: false,
+            next_claim: None,
         }
     }
 
@@ -942,6 +961,7 @@ impl KeyState {
                     allowance: Allowance::default(),
                     claim: None,
                     resend_claim: false,
+                    next_claim: None,
                 }
             }
             Consistency::Optimistic => {
@@ -974,6 +994,7 @@ impl KeyState {
                     allowance,
                     claim: None,
                     resend_claim: false,
+                    next_claim: None,
                 }
             }
         }
@@ -1080,6 +1101,10 @@ impl KeyState {
                 .is_none_or(|c| c.first_decision.0 != ev.epoch)
         {
             self.cold_mut().first_decision = (ev.epoch, now);
+        }
+        if let Some(c) = ev.next_claim {
+            self.crdt.claims.raise(c);
+            self.dirty.claims = true;
         }
         if let Some(c) = ev.claim {
             self.crdt.claims.raise(c);
