@@ -320,6 +320,42 @@ fn batch_answers_in_order_and_checks_of_one_key_see_each_other() {
 }
 
 #[test]
+fn batch_reads_escaped_strings_and_repeated_fields_as_json_does() {
+    // Bodies the borrowed fast path cannot take go through the reference decoder: escaped
+    // strings (answered escaped again), a field given twice (the last one counts, as in
+    // `/v1/check`'s decoder), `"all": null` (absent). Counts move exactly as asked.
+    let node = node();
+    let body = br#"{"checks": [
+        {"rule": "per-tenant", "key": "q\"u\u00e9\\t"},
+        {"rule": "per-route", "key": "x", "key": "dup", "cost": 2, "all": null},
+        {"rule": "per-tenant", "key": "plain", "class": null, "dry_run": false}
+    ]}"#;
+    let r = node.post_raw("/v1/check/batch", "application/json", body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let results = r.json["results"].as_array().expect("results");
+    let keys: Vec<&str> = results
+        .iter()
+        .map(|d| d["key"].as_str().expect("key"))
+        .collect();
+    assert_eq!(keys, ["q\"u\u{e9}\\t", "dup", "plain"]);
+    assert!(r.body.contains(r#""key":"q\"ué\\t""#), "{}", r.body);
+    assert_eq!(node.used("per-tenant", "q\"u\u{e9}\\t"), 1);
+    assert_eq!(node.used("per-route", "dup"), 2);
+    assert_eq!(node.used("per-route", "x"), 0);
+    assert_eq!(node.used("per-tenant", "plain"), 1);
+    // A check given as an array is refused whichever decoder reads the rest, and nothing is
+    // charged.
+    let r = node.post_raw(
+        "/v1/check/batch",
+        "application/json",
+        br#"{"checks": [{"rule": "per-tenant", "key": "plain"}, ["per-tenant", "plain"]]}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json["message"], "checks[1]: must be a JSON object");
+    assert_eq!(node.used("per-tenant", "plain"), 1);
+}
+
+#[test]
 fn batch_accepts_exactly_1000_checks() {
     let node = node();
     let checks: Vec<Value> = (0..1000)

@@ -529,32 +529,62 @@ fn batch_check<'a>(
     })
 }
 
-/// The answer to a batch: `{"results": [...]}`, written straight from the checks and their
-/// outcomes.
-struct BatchJson<'a> {
-    checks: &'a [CheckRef<'a>],
-    outs: &'a [Outcome],
-}
-
-impl Serialize for BatchJson<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Results<'a>(&'a BatchJson<'a>);
-        impl Serialize for Results<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_seq(
-                    self.0
-                        .checks
-                        .iter()
-                        .zip(self.0.outs)
-                        .map(|(c, o)| DecisionJson::new(c.rule, c.key, o)),
-                )
-            }
+/// Writes the answer to a batch, `{"results":[…]}`, the same bytes `serde_json` would write
+/// for [`DecisionJson`]s, straight into `out`. `escaped`: whether rule and key strings may
+/// need escaping; strings the fast path borrowed from the body never do (they held no
+/// backslash, and JSON forbids raw control characters and quotes in strings).
+fn write_batch(out: &mut Vec<u8>, checks: &[CheckRef<'_>], outs: &[Outcome], escaped: bool) {
+    let mut n = itoa::Buffer::new();
+    let string = |out: &mut Vec<u8>, s: &str| {
+        if escaped {
+            // Writing into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, s);
+        } else {
+            out.push(b'"');
+            out.extend_from_slice(s.as_bytes());
+            out.push(b'"');
         }
-        use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("BatchJson", 1)?;
-        st.serialize_field("results", &Results(self))?;
-        st.end()
+    };
+    out.extend_from_slice(b"{\"results\":[");
+    for (i, (c, o)) in checks.iter().zip(outs).enumerate() {
+        let d = &o.decision;
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(if d.allowed {
+            b"{\"allowed\":true,\"rule\":"
+        } else {
+            b"{\"allowed\":false,\"rule\":"
+        });
+        string(out, c.rule);
+        out.extend_from_slice(b",\"key\":");
+        string(out, c.key);
+        for (name, v) in [
+            (&b",\"limit\":"[..], d.limit),
+            (b",\"remaining\":", d.remaining),
+            (b",\"reset_after_ms\":", d.reset_after_ms),
+            (b",\"retry_after_ms\":", d.retry_after_ms),
+        ] {
+            out.extend_from_slice(name);
+            out.extend_from_slice(n.format(v).as_bytes());
+        }
+        out.extend_from_slice(b",\"mode\":\"");
+        out.extend_from_slice(d.mode.as_str().as_bytes());
+        out.extend_from_slice(if d.degraded {
+            b"\",\"degraded\":true"
+        } else {
+            b"\",\"degraded\":false"
+        });
+        if d.mode == levee_core::RuleMode::Shadow {
+            out.extend_from_slice(if d.would_allow {
+                b",\"would_allow\":true"
+            } else {
+                b",\"would_allow\":false"
+            });
+        }
+        out.push(b'}');
     }
+    out.extend_from_slice(b"]}");
 }
 
 async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
@@ -562,11 +592,13 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
     let result: Result<Response, ApiError> = async {
         let bytes = json_bytes(&app, req).await?;
         let slow;
+        let escaped;
         let checks: Vec<CheckRef<'_>> = match batch_checks_fast(&bytes) {
             Some(fast) => {
                 if fast.len() > app.max_batch() {
                     return Err(too_many_checks(&app, fast.len()));
                 }
+                escaped = false;
                 fast.into_iter()
                     .enumerate()
                     .map(|(i, c)| {
@@ -585,6 +617,7 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
             }
             None => {
                 slow = batch_checks_slow(&app, &bytes)?;
+                escaped = true;
                 slow.iter()
                     .enumerate()
                     .map(|(i, c)| {
@@ -604,14 +637,7 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
         };
         let outs = app.batch(&checks).await?;
         let mut body = Vec::with_capacity(16 + checks.len() * 192);
-        serde_json::to_writer(
-            &mut body,
-            &BatchJson {
-                checks: &checks,
-                outs: &outs,
-            },
-        )
-        .map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+        write_batch(&mut body, &checks, &outs, escaped);
         Ok(bytes_response(StatusCode::OK, body))
     }
     .await;
@@ -1095,6 +1121,73 @@ mod tests {
         assert!(e.message.contains("bogus"), "{}", e.message);
         let e = decode::<CheckBody>(b"{not json").unwrap_err();
         assert!(e.message.starts_with("body:"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_batch_answer_is_what_serde_json_writes() {
+        use levee_core::{Decision, RuleMode};
+        let decision = |allowed, mode, degraded| Outcome {
+            decision: Decision {
+                allowed,
+                would_allow: !allowed,
+                limit: 100,
+                remaining: 7,
+                reset_after_ms: 1_234,
+                retry_after_ms: u64::MAX,
+                mode,
+                degraded,
+            },
+            window_secs: 60,
+        };
+        let outs = [
+            decision(true, RuleMode::Enforce, false),
+            decision(false, RuleMode::Shadow, true),
+            decision(false, RuleMode::Enforce, true),
+        ];
+        let check = |rule, key| CheckRef {
+            rule,
+            key,
+            cost: 1,
+            class: None,
+            idempotency_key: None,
+            dry_run: false,
+        };
+        for (checks, escaped) in [
+            (
+                vec![check("api", "k1"), check("r", "é✓"), check("a-b", "x y")],
+                false,
+            ),
+            (
+                vec![
+                    check("api", "q\"uote"),
+                    check("r", "back\\slash"),
+                    check("t", "tab\t\u{1}"),
+                ],
+                true,
+            ),
+        ] {
+            let mut ours = Vec::new();
+            write_batch(&mut ours, &checks, &outs, escaped);
+            #[derive(Serialize)]
+            struct Results<'a> {
+                results: Vec<DecisionJson<'a>>,
+            }
+            let reference = serde_json::to_vec(&Results {
+                results: checks
+                    .iter()
+                    .zip(&outs)
+                    .map(|(c, o)| DecisionJson::new(c.rule, c.key, o))
+                    .collect(),
+            })
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(reference).unwrap()
+            );
+        }
+        let mut empty = Vec::new();
+        write_batch(&mut empty, &[], &[], false);
+        assert_eq!(empty, br#"{"results":[]}"#);
     }
 
     #[test]
