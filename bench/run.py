@@ -1013,7 +1013,7 @@ def fig7(levee: str, work: Path, levee_port: int, levee_pid: int) -> None:
 
 PROFILE_GROUPS = [
     ("kernel (syscalls, TCP, scheduler)", r"^\[k\]"),
-    ("allocator (malloc/free)", r"malloc|free|_int_|realloc|consolidate|unlink_chunk|calloc|tcache"),
+    ("allocator (malloc/free)", r"malloc|free|_int_|realloc|consolidate|unlink_chunk|calloc|tcache|\b_?mi_"),
     ("memcpy/memcmp", r"mem(move|cpy|cmp|set|chr)"),
     ("clock reads", r"clock_gettime|vdso|Instant|SystemTime"),
     ("metrics", r"metrics|prometheus|quanta|histogram|Histogram"),
