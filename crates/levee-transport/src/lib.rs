@@ -22,7 +22,7 @@
 //!   protocol tolerates loss, duplication and reordering. [`Transport::request`] is one
 //!   frame out and one frame back on a bidirectional stream, bounded by a timeout.
 //! - **A dead peer is not hammered.** Connections are dialled lazily and redialled after a
-//!   failure no sooner than an exponential backoff allows (100 ms up to 5 s).
+//!   failure no sooner than an exponential backoff allows (100 ms up to 500 ms).
 //!
 //! Application error codes a peer may see: on a connection close, `0` shutdown, `1` replica
 //! digest mismatch, `2` identity not proven by the certificate, `3` no valid `Hello`; on a

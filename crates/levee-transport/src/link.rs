@@ -37,12 +37,16 @@ use crate::transport::{Shared, TransportError};
 pub(crate) const SEND_QUEUE_FRAMES: usize = 1024;
 /// Bytes of frames waiting to be written to one peer; beyond this, new frames are dropped.
 pub(crate) const SEND_QUEUE_BYTES: usize = 16 << 20;
-/// A dial (QUIC and TLS handshake, then `Hello`s) that takes longer than this has failed.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A dial (QUIC and TLS handshake, then `Hello`s: about three round trips) that takes longer
+/// than this has failed. Short, because a dial stuck in a partition holds the link until it
+/// fails, and a healed link is used only once a dial succeeds.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// First wait after a failed dial; doubles with every further failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest wait between two dials of an unreachable peer.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Longest wait between two dials of an unreachable peer: a peer cut off for long is still
+/// redialled about twice a second, so a healed partition is bridged within about a second of
+/// the heal, not five (a dial costs one QUIC Initial packet while the peer is unreachable).
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
 
 /// The way to one peer.
 pub(crate) struct PeerLink {
@@ -266,7 +270,8 @@ mod tests {
     fn backoff_doubles_up_to_its_cap() {
         assert_eq!(backoff(1), BACKOFF_MIN);
         assert_eq!(backoff(2), BACKOFF_MIN * 2);
-        assert_eq!(backoff(4), BACKOFF_MIN * 8);
+        assert_eq!(backoff(3), BACKOFF_MIN * 4);
+        assert_eq!(backoff(4), BACKOFF_MAX);
         assert_eq!(backoff(100), BACKOFF_MAX);
     }
 }
