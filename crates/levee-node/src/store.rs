@@ -1,9 +1,10 @@
 //! The key store: every key's state in a `DashMap`, bounded by `max_keys`.
 //!
 //! A key is identified by its rule, its class bucket (separate-buckets classes) and the key
-//! bytes, encoded as one byte string ([`KeyId`]). Each state sits behind its own mutex so that
-//! an atomic call over several keys can lock them all, always in the same (sorted) order,
-//! without ever holding two locks of one map shard.
+//! bytes, encoded as one byte string. Each key's identity and state sit in one allocation
+//! ([`KeyEntry`]), the state behind its own mutex so that an atomic call over several keys can
+//! lock them all, always in the same (sorted) order, without ever holding two locks of one map
+//! shard. The map and the eviction clock hold pointers to that allocation.
 //!
 //! ## The bound
 //!
@@ -14,16 +15,19 @@
 //! key forgets its counts: its next request starts from a full limit. `levee_keys_evicted_total`
 //! counts evictions.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use levee_core::KeyState;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 
-/// The stored identity of a key: `rule \0 bucket key-bytes` (bucket 0xff: no class bucket).
-/// Shared between the map and the eviction clock, so the bytes are stored once.
+/// The identity of a key as replication lists it: `rule \0 bucket key-bytes` (bucket 0xff: no
+/// class bucket).
 pub type KeyId = Arc<[u8]>;
 
 pub use levee_proto::{NO_BUCKET, decode_id, encode_id};
@@ -39,13 +43,58 @@ pub struct Slot {
     pub queued: bool,
 }
 
+/// One key: its identity (inline up to 16 bytes, the common case for short rule names and
+/// keys) and its slot, in one allocation that the map and the eviction clock share.
+#[derive(Debug)]
+pub struct KeyEntry {
+    id: SmallVec<[u8; 16]>,
+    slot: Mutex<Slot>,
+}
+
+impl KeyEntry {
+    /// The key's identity (`rule \0 bucket key-bytes`).
+    pub fn id(&self) -> &[u8] {
+        &self.id
+    }
+
+    /// Locks the key's slot.
+    pub fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock()
+    }
+}
+
 /// A shared handle to one key's slot.
-pub type SlotRef = Arc<Mutex<Slot>>;
+pub type SlotRef = Arc<KeyEntry>;
+
+/// The map's key: a pointer to the entry, hashed and compared by the identity bytes (as a
+/// `[u8]` is, so that the map can be searched with a plain byte slice).
+#[derive(Clone)]
+struct Handle(Arc<KeyEntry>);
+
+impl Hash for Handle {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.id[..].hash(h);
+    }
+}
+
+impl PartialEq for Handle {
+    fn eq(&self, other: &Handle) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for Handle {}
+
+impl Borrow<[u8]> for Handle {
+    fn borrow(&self) -> &[u8] {
+        &self.0.id
+    }
+}
 
 /// The bounded key store.
 pub struct Store {
-    map: DashMap<KeyId, SlotRef>,
-    clock: Mutex<VecDeque<KeyId>>,
+    map: DashMap<Handle, ()>,
+    clock: Mutex<VecDeque<Handle>>,
     max_keys: usize,
     evictions: AtomicU64,
     /// Keys used or changed since the replication last drained them (cluster mode only).
@@ -84,15 +133,15 @@ impl Store {
     /// Runs `f` on the key's state, creating it (and evicting if needed) when missing.
     #[inline]
     pub fn with<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
-        if let Some(slot) = self.map.get(id) {
-            let mut s = slot.lock();
+        if let Some(entry) = self.map.get(id) {
+            let mut s = entry.key().0.lock();
             s.hits = s.hits.saturating_add(1);
             let r = f(&mut s.state);
             self.note(id, &mut s);
             return r;
         }
-        let slot = self.slot(id);
-        let mut s = slot.lock();
+        let entry = self.slot(id);
+        let mut s = entry.lock();
         s.hits = s.hits.saturating_add(1);
         let r = f(&mut s.state);
         self.note(id, &mut s);
@@ -120,54 +169,77 @@ impl Store {
 
     /// Runs `f` on a key's slot (creating the key if needed), without counting a use.
     pub fn with_slot<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> R {
-        let slot = self.slot(id);
-        let mut s = slot.lock();
+        if let Some(entry) = self.map.get(id) {
+            return f(&mut entry.key().0.lock());
+        }
+        let entry = self.slot(id);
+        let mut s = entry.lock();
         f(&mut s)
     }
 
     /// Runs `f` on the key's state if the key exists.
     pub fn peek<R>(&self, id: &[u8], f: impl FnOnce(&KeyState) -> R) -> Option<R> {
-        let slot = self.map.get(id)?;
-        let s = slot.lock();
+        let entry = self.map.get(id)?;
+        let s = entry.key().0.lock();
         Some(f(&s.state))
     }
 
     /// The slot of a key, created if missing.
     pub fn slot(&self, id: &[u8]) -> SlotRef {
-        if let Some(slot) = self.map.get(id) {
-            return Arc::clone(&slot);
+        self.slot_with(id, Slot::default).0
+    }
+
+    /// The entry of a key, created with `fresh` if missing; whether it was created.
+    fn slot_with(&self, id: &[u8], fresh: impl FnOnce() -> Slot) -> (SlotRef, bool) {
+        if let Some(entry) = self.map.get(id) {
+            return (Arc::clone(&entry.key().0), false);
         }
         if self.map.len() >= self.max_keys {
             self.evict(self.map.len() + 1 - self.max_keys);
         }
-        let key: KeyId = id.into();
-        let mut inserted = false;
-        let slot = self
-            .map
-            .entry(Arc::clone(&key))
-            .or_insert_with(|| {
-                inserted = true;
-                Arc::new(Mutex::new(Slot::default()))
-            })
-            .clone();
+        let new = Arc::new(KeyEntry {
+            id: SmallVec::from_slice(id),
+            slot: Mutex::new(fresh()),
+        });
+        // The shard's lock is released at the end of this statement, before the clock's.
+        let (entry, inserted) = match self.map.entry(Handle(Arc::clone(&new))) {
+            dashmap::Entry::Occupied(o) => (Arc::clone(&o.key().0), false),
+            dashmap::Entry::Vacant(v) => {
+                v.insert(());
+                (new, true)
+            }
+        };
         if inserted {
-            self.clock.lock().push_back(key);
+            let mut clock = self.clock.lock();
+            clock.push_back(Handle(Arc::clone(&entry)));
+            // Entries removed from the map (reset, reload) stay in the clock until the hand
+            // passes; sweep them when they pile up, so the clock stays near the map's size.
+            if clock.len() > 2 * self.map.len() + 1024 {
+                clock.retain(|h| self.is_live(h));
+            }
         }
-        slot
+        (entry, inserted)
+    }
+
+    /// Whether the map holds this very entry (not another entry of the same id).
+    fn is_live(&self, h: &Handle) -> bool {
+        self.map
+            .get(&h.0.id[..])
+            .is_some_and(|e| Arc::ptr_eq(&e.key().0, &h.0))
     }
 
     /// Inserts or replaces a key's state (restoring a snapshot).
     pub fn insert(&self, id: KeyId, state: KeyState) {
-        if self.map.len() >= self.max_keys && !self.map.contains_key(&id) {
-            self.evict(1);
-        }
-        let fresh = Arc::new(Mutex::new(Slot {
-            state,
+        let mut state = Some(state);
+        let (entry, inserted) = self.slot_with(&id, || Slot {
+            state: state.take().unwrap_or_default(),
             hits: 1,
             queued: false,
-        }));
-        if self.map.insert(id.clone(), fresh).is_none() {
-            self.clock.lock().push_back(id);
+        });
+        if !inserted && let Some(state) = state {
+            let mut s = entry.lock();
+            s.state = state;
+            s.hits = 1;
         }
     }
 
@@ -184,31 +256,32 @@ impl Store {
         let mut budget = clock.len() * 2 + 1;
         while evicted < n && budget > 0 {
             budget -= 1;
-            let Some(id) = clock.pop_front() else { break };
-            let Some(slot) = self.map.get(&id).map(|s| Arc::clone(&s)) else {
+            let Some(h) = clock.pop_front() else { break };
+            if !self.is_live(&h) {
                 continue; // removed meanwhile
-            };
+            }
             let used_again = {
-                let mut s = slot.lock();
+                let mut s = h.0.lock();
                 let again = s.hits > 1;
                 s.hits = 1;
                 again
             };
-            drop(slot);
             if used_again {
-                clock.push_back(id);
+                clock.push_back(h);
                 continue;
             }
-            // Only remove a slot nobody is holding right now.
+            // Only remove an entry nobody is holding right now: the map's handle and ours.
             if self
                 .map
-                .remove_if(&id, |_, s| Arc::strong_count(s) == 1)
+                .remove_if(&h.0.id[..], |k, ()| {
+                    Arc::ptr_eq(&k.0, &h.0) && Arc::strong_count(&h.0) == 2
+                })
                 .is_some()
             {
                 evicted += 1;
                 self.evictions.fetch_add(1, Ordering::Relaxed);
-            } else if self.map.contains_key(&id) {
-                clock.push_back(id);
+            } else if self.is_live(&h) {
+                clock.push_back(h);
             }
         }
     }
@@ -216,16 +289,17 @@ impl Store {
     /// Calls `f` for every key (for snapshots).
     pub fn for_each(&self, mut f: impl FnMut(&[u8], &KeyState)) {
         for entry in self.map.iter() {
-            let s = entry.value().lock();
-            f(entry.key(), &s.state);
+            let e = &entry.key().0;
+            let s = e.lock();
+            f(&e.id, &s.state);
         }
     }
 
     /// Keeps only the keys for which `keep` returns true; also forgets them in the clock.
     pub fn retain(&self, mut keep: impl FnMut(&[u8], &mut KeyState) -> bool) {
-        self.map.retain(|id, slot| keep(id, &mut slot.lock().state));
-        let map = &self.map;
-        self.clock.lock().retain(|id| map.contains_key(id));
+        self.map
+            .retain(|h, ()| keep(&h.0.id, &mut h.0.lock().state));
+        self.clock.lock().retain(|h| self.is_live(h));
     }
 }
 
@@ -237,6 +311,29 @@ mod tests {
         let mut b = Vec::new();
         encode_id(&mut b, "r", None, s);
         b.into()
+    }
+
+    #[test]
+    fn keys_removed_and_created_again_do_not_pile_up_in_the_clock() {
+        let store = Store::new(1_000);
+        for i in 0..20_000 {
+            let k = id(&format!("k{}", i % 10));
+            store.with(&k, |_| ());
+            assert!(store.remove(&k));
+            assert!(!store.remove(&k));
+        }
+        assert!(store.is_empty());
+        assert!(store.clock.lock().len() <= 1024 + 1);
+        // Restoring a key that exists replaces its state and keeps one entry.
+        let k = id("restored");
+        store.with(&k, |_| ());
+        store.insert(k.clone(), KeyState::new());
+        store.insert(id("other"), KeyState::new());
+        assert_eq!(store.len(), 2);
+        let mut seen = Vec::new();
+        store.for_each(|id, _| seen.push(id.to_vec()));
+        seen.sort();
+        assert_eq!(seen, vec![id("other").to_vec(), k.to_vec()]);
     }
 
     #[test]
