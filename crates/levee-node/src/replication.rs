@@ -58,6 +58,8 @@ pub struct Replication {
     forwarders: Vec<Option<mpsc::Sender<Job>>>,
     forward_timeout: Duration,
     next_request: AtomicU64,
+    /// `cluster.suspect_after`, ms.
+    suspect_after: Millis,
 }
 
 impl Replication {
@@ -145,6 +147,7 @@ impl Replication {
             forwarders,
             forward_timeout,
             next_request: AtomicU64::new(1),
+            suspect_after: cluster_cfg.suspect_after.as_millis(),
         });
         for (owner, rx) in receivers {
             tokio::spawn(forward_loop(Arc::clone(&repl), owner, rx));
@@ -255,6 +258,8 @@ pub async fn run_ticks(
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
+    let suspect_after = repl.suspect_after;
+    let mut redialled: Vec<Millis> = vec![0; repl.ids.len()];
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -277,6 +282,15 @@ pub async fn run_ticks(
         repl.send_all(out);
         for p in peers {
             let peer = repl.id_of(p.node).to_owned();
+            // We hear the peer but it has not acknowledged us for twice suspect_after (it has
+            // long marked us unreachable): our connection to it may be dead at its end while
+            // ours still hears its keep-alives. Redial, at most twice per suspect_after.
+            let deaf = p.reachable && p.ack_lag_ms.is_some_and(|lag| lag > 2 * suspect_after);
+            let i = usize::from(p.node.0);
+            if deaf && now.saturating_sub(redialled[i]) > suspect_after / 2 {
+                redialled[i] = now;
+                repl.transport.reconnect(&peer);
+            }
             if let Some(lag) = p.ack_lag_ms {
                 metrics::gauge!("levee_gossip_ack_lag_ms", "peer" => peer.clone()).set(lag as f64);
             }

@@ -25,7 +25,8 @@
 //!   failure no sooner than an exponential backoff allows (100 ms up to 500 ms).
 //!
 //! Application error codes a peer may see: on a connection close, `0` shutdown, `1` replica
-//! digest mismatch, `2` identity not proven by the certificate, `3` no valid `Hello`; on a
+//! digest mismatch, `2` identity not proven by the certificate, `3` no valid `Hello`, `4`
+//! closed to redial ([`Transport::reconnect`]); on a
 //! stream, `1` frame refused, `2` request not answered.
 //!
 //! [`certs`] makes a development CA and node certificates; [`tls`] builds the QUIC TLS

@@ -41,6 +41,8 @@ pub(crate) const SEND_QUEUE_BYTES: usize = 16 << 20;
 /// than this has failed. Short, because a dial stuck in a partition holds the link until it
 /// fails, and a healed link is used only once a dial succeeds.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Application error code closing a connection to redial it.
+const RECONNECT: quinn::VarInt = quinn::VarInt::from_u32(4);
 /// First wait after a failed dial; doubles with every further failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between two dials of an unreachable peer: a peer cut off for long is still
@@ -111,6 +113,18 @@ impl PeerLink {
     fn report_queue(&self) {
         let frames = self.queue.max_capacity() - self.queue.capacity();
         metrics::queue(&self.id, frames, self.queued_bytes.load(Ordering::Acquire));
+    }
+
+    /// Closes the connection to the peer, if any, so that the next frame dials anew. For a
+    /// connection the peer no longer hears: after a one-way cut its end may be gone while
+    /// ours, still hearing the peer's keep-alives, would only notice at its idle timeout.
+    pub(crate) fn reconnect(&self) {
+        if let Ok(mut state) = self.state.try_lock()
+            && let Some(pc) = state.conn.take()
+        {
+            pc.conn.close(RECONNECT, b"peer does not hear us");
+            debug!(peer = %self.id, "closed the connection to redial");
+        }
     }
 
     /// Sends a whole frame on a new bidirectional stream and reads one frame back.

@@ -289,6 +289,16 @@ impl Transport {
             })
     }
 
+    /// Closes this node's connection to `peer` (if any; the next frame dials anew), for a
+    /// peer that says it no longer hears this node although this node hears it: its end of
+    /// the connection may be gone (a link cut one way outlived its idle timeout) while ours
+    /// still receives its keep-alives. Does nothing while a dial to it is under way.
+    pub fn reconnect(&self, peer: &str) {
+        if let Some(link) = self.inner.links.get(peer) {
+            link.reconnect();
+        }
+    }
+
     /// The address the endpoint listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.local_addr
