@@ -13,9 +13,10 @@ pub enum Consistency {
     /// Escrow: a node spends only rights it holds. The global limit holds under any partition.
     #[default]
     Strict,
-    /// Shared counter: a node admits against the merged global usage and takes, between two
-    /// syncs, at most its region's share of what was left. Overshoot is bounded by what was in
-    /// flight.
+    /// Shared counter: a node admits against the merged global usage; for fixed windows and
+    /// quotas within a per-epoch claim raised in rounds (the claims never sum above the limit
+    /// on a healthy network), for sliding windows and token buckets taking, between two syncs,
+    /// at most its region's share of what was left.
     Optimistic,
 }
 
@@ -38,7 +39,7 @@ pub struct ClusterView {
     /// Regions not heard from within `suspect_after`.
     pub unreachable: RegionMask,
     /// Advances at every completed gossip exchange; optimistic mode resets its per-sync
-    /// allowance when it changes.
+    /// allowance (sliding windows, token buckets) when it changes.
     pub sync_gen: u64,
     /// This node is not the key's owner and decides alone because the owner is unreachable.
     pub acting_alone: bool,

@@ -30,8 +30,11 @@
 //! cluster never admits more than `burst + rate × (t2 − t1)` over any interval.
 //!
 //! In optimistic mode the node admits against the merged global figures instead, treating
-//! every unreachable region as having consumed `max(last known, its full share)`, and takes
-//! between two syncs at most its region's share of what was left at the last sync.
+//! every unreachable region as having consumed `max(last known, its full share)`. Fixed
+//! windows and quotas admit within the node's claim for the epoch, raised in rounds so that
+//! the claims never sum above the limit on a healthy network (see `plan_claim` and
+//! `docs/algorithms.md`); sliding windows and token buckets take between two syncs at most
+//! the region's share of what was left at the last sync.
 
 use crate::crdt::{BucketReg, Claim, KeyCrdt, Lattice, Tally, TransferMatrix};
 use crate::decision::{AllDecision, ClusterView, Consistency, DecideCtx, Decision, Usage};
