@@ -88,6 +88,7 @@ pub(crate) async fn accept(shared: Arc<Shared>, incoming: quinn::Incoming) {
         Ok(hello) => {
             metrics::connection_established(&hello.node, "inbound");
             debug!(peer = %hello.node, %remote, "accepted a connection");
+            shared.heard(&hello.node);
             serve(shared, conn, hello, budget).await;
         }
         Err(reason) => debug!(%remote, %reason, "incoming connection failed before its Hello"),
@@ -262,6 +263,7 @@ async fn serve_uni(
         match read_frame(&mut recv, &budget).await {
             Ok(Some((msg, bytes))) => {
                 metrics::frame_received(&peer, bytes);
+                shared.heard(&peer);
                 if matches!(msg, Message::Hello(_)) {
                     debug!(peer = %peer, "ignored a Hello after the handshake");
                     continue;
@@ -299,6 +301,7 @@ async fn serve_bi(
     let msg = match read_frame(&mut recv, &budget).await {
         Ok(Some((msg, bytes))) => {
             metrics::frame_received(&peer, bytes);
+            shared.heard(&peer);
             msg
         }
         Ok(None) => {

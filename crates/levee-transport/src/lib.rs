@@ -22,7 +22,9 @@
 //!   protocol tolerates loss, duplication and reordering. [`Transport::request`] is one
 //!   frame out and one frame back on a bidirectional stream, bounded by a timeout.
 //! - **A dead peer is not hammered.** Connections are dialled lazily and redialled after a
-//!   failure no sooner than an exponential backoff allows (100 ms up to 500 ms).
+//!   failure no sooner than an exponential backoff allows (100 ms up to 500 ms), unless the
+//!   peer is heard again (its inbound connection completes its `Hello`, or a frame of its
+//!   arrives): then the link dials at once, replacing a dial that has not got through.
 //!
 //! Application error codes a peer may see: on a connection close, `0` shutdown, `1` replica
 //! digest mismatch, `2` identity not proven by the certificate, `3` no valid `Hello`, `4`
@@ -41,4 +43,4 @@ pub mod tls;
 mod transport;
 
 pub use tls::TlsFiles;
-pub use transport::{Inbound, PeerAddr, Transport, TransportConfig, TransportError};
+pub use transport::{DialTiming, Inbound, PeerAddr, Transport, TransportConfig, TransportError};

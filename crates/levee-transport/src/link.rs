@@ -13,7 +13,10 @@
 //! sent (queue full — more than [`SEND_QUEUE_FRAMES`] frames or [`SEND_QUEUE_BYTES`] bytes
 //! waiting —, peer unreachable or backing off, stream failed) is dropped and counted, never
 //! retried — the replication protocol above tolerates loss; while a dial has failed, no new
-//! dial happens before the backoff expires, however many frames are sent. What waits is
+//! dial happens before the backoff expires, however many frames are sent — unless the peer is
+//! heard again (see [`PeerLink::heard`]): then the link dials at once, and replaces a dial
+//! under way that is at least [`REDIAL_MIN_AGE`] old, once per signal. There is never more
+//! than one dial in flight per peer (the state lock is held across it). What waits is
 //! visible: `levee_transport_queue_frames{peer}` and `levee_transport_queue_bytes{peer}`.
 
 use std::net::SocketAddr;
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use quinn::SendStream;
 
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, Notify, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -31,24 +34,19 @@ use crate::connection::{PeerConn, connect, refuse};
 use crate::frame_io::{FrameError, read_frame, write_frame};
 
 use crate::metrics;
-use crate::transport::{Shared, TransportError};
+use crate::transport::{DialTiming, Shared, TransportError};
 
 /// Frames waiting to be written to one peer; beyond this, new frames are dropped.
 pub(crate) const SEND_QUEUE_FRAMES: usize = 1024;
 /// Bytes of frames waiting to be written to one peer; beyond this, new frames are dropped.
 pub(crate) const SEND_QUEUE_BYTES: usize = 16 << 20;
-/// A dial (QUIC and TLS handshake, then `Hello`s: about three round trips) that takes longer
-/// than this has failed. Short, because a dial stuck in a partition holds the link until it
-/// fails, and a healed link is used only once a dial succeeds.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Application error code closing a connection to redial it.
 const RECONNECT: quinn::VarInt = quinn::VarInt::from_u32(4);
-/// First wait after a failed dial; doubles with every further failure.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest wait between two dials of an unreachable peer: a peer cut off for long is still
-/// redialled about twice a second, so a healed partition is bridged within about a second of
-/// the heal, not five (a dial costs one QUIC Initial packet while the peer is unreachable).
-const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Youngest a dial may be when a sign of life from the peer replaces it with a new one: the
+/// bound on how often the peer's frames can make this link redial (at most ten dials a
+/// second, and only while its connection is down), and long enough for the new dial's
+/// Initial packet to be the one that gets through.
+const REDIAL_MIN_AGE: Duration = Duration::from_millis(100);
 
 /// The way to one peer.
 pub(crate) struct PeerLink {
@@ -58,6 +56,10 @@ pub(crate) struct PeerLink {
     /// Bytes of the frames in `queue`.
     queued_bytes: AtomicUsize,
     state: Mutex<LinkState>,
+    /// Signalled when the peer is heard (an inbound connection's `Hello`, or a frame) while
+    /// this link is not connected; one stored permit at most, however many signals.
+    heard: Notify,
+    timing: DialTiming,
     shared: Arc<Shared>,
 }
 
@@ -71,7 +73,12 @@ struct LinkState {
 
 impl PeerLink {
     /// Creates the link and spawns its sending task, which ends when the transport shuts down.
-    pub(crate) fn start(shared: Arc<Shared>, id: String, addr: SocketAddr) -> Arc<PeerLink> {
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        id: String,
+        addr: SocketAddr,
+        timing: DialTiming,
+    ) -> Arc<PeerLink> {
         let (queue, frames) = mpsc::channel(SEND_QUEUE_FRAMES);
         let link = Arc::new(PeerLink {
             id,
@@ -79,6 +86,8 @@ impl PeerLink {
             queue,
             queued_bytes: AtomicUsize::new(0),
             state: Mutex::new(LinkState::default()),
+            heard: Notify::new(),
+            timing,
             shared,
         });
         tokio::spawn(link.clone().run(frames));
@@ -127,6 +136,25 @@ impl PeerLink {
         }
     }
 
+    /// The peer was heard from (an inbound connection of its completed its `Hello`, or one of
+    /// its frames arrived). If this link is not connected — dialling, or backing off after a
+    /// failed dial — the peer is evidently reachable again: the link gives up its backoff or
+    /// its pending dial (whose lost Initial packets QUIC would resend only after a backed-off
+    /// probe timeout) and dials at once. Many signals in a row coalesce into one redial.
+    pub(crate) fn heard(&self) {
+        let down = match self.state.try_lock() {
+            Ok(state) => state
+                .conn
+                .as_ref()
+                .is_none_or(|pc| pc.conn.close_reason().is_some()),
+            // Held by a dial, or (briefly) by a caller taking the live connection.
+            Err(_) => true,
+        };
+        if down {
+            self.heard.notify_one();
+        }
+    }
+
     /// Sends a whole frame on a new bidirectional stream and reads one frame back.
     pub(crate) async fn request(
         &self,
@@ -171,10 +199,21 @@ impl PeerLink {
         loop {
             let frame = tokio::select! {
                 frame = frames.recv() => match frame {
-                    Some(frame) => frame,
+                    Some(frame) => Some(frame),
                     None => return,
                 },
+                () = self.heard.notified() => None,
                 _ = shutdown.wait_for(|down| *down) => return,
+            };
+            let Some(frame) = frame else {
+                // The peer is back while this link is down: end the backoff and dial now
+                // rather than at the first frame after the backoff.
+                self.state.lock().await.retry_at = None;
+                tokio::select! {
+                    _ = self.connection() => {}
+                    _ = shutdown.wait_for(|down| *down) => return,
+                }
+                continue;
             };
             self.queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
             self.report_queue();
@@ -238,10 +277,30 @@ impl PeerLink {
         if *self.shared.shutdown.borrow() {
             return Err(TransportError::ShutDown);
         }
-        let dialled =
-            tokio::time::timeout(CONNECT_TIMEOUT, connect(&self.shared, &self.id, self.addr))
-                .await
-                .unwrap_or_else(|_| Err(format!("no connection within {CONNECT_TIMEOUT:?}")));
+        let timeout = self.timing.connect_timeout;
+        let dial = || tokio::time::timeout(timeout, connect(&self.shared, &self.id, self.addr));
+        let pending = dial();
+        tokio::pin!(pending);
+        let mut started = Instant::now();
+        let mut heard = false;
+        let dialled = loop {
+            tokio::select! {
+                dialled = &mut pending => {
+                    break dialled
+                        .unwrap_or_else(|_| Err(format!("no connection within {timeout:?}")));
+                }
+                () = self.heard.notified(), if !heard => heard = true,
+                () = tokio::time::sleep_until(started + REDIAL_MIN_AGE), if heard => {
+                    // The peer is heard but this dial has not got through (its Initial was
+                    // likely lost before the heal): replace it with a fresh one, once per
+                    // signal, never two at a time.
+                    debug!(peer = %self.id, "peer heard while dialling it; dialling anew");
+                    pending.set(dial());
+                    started = Instant::now();
+                    heard = false;
+                }
+            }
+        };
         match dialled {
             Ok(pc) => {
                 *state = LinkState {
@@ -252,7 +311,7 @@ impl PeerLink {
             }
             Err(reason) => {
                 state.failures = state.failures.saturating_add(1);
-                let delay = backoff(state.failures);
+                let delay = self.timing.backoff(state.failures);
                 state.retry_at = Some(Instant::now() + delay);
                 metrics::connect_failed(&self.id);
                 warn!(peer = %self.id, addr = %self.addr, %reason, retry_in = ?delay, "cannot connect to peer");
@@ -270,22 +329,17 @@ impl PeerLink {
     }
 }
 
-/// The wait before the next dial after `failures` consecutive failed dials.
-fn backoff(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    BACKOFF_MIN.saturating_mul(1 << doublings).min(BACKOFF_MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn backoff_doubles_up_to_its_cap() {
-        assert_eq!(backoff(1), BACKOFF_MIN);
-        assert_eq!(backoff(2), BACKOFF_MIN * 2);
-        assert_eq!(backoff(3), BACKOFF_MIN * 4);
-        assert_eq!(backoff(4), BACKOFF_MAX);
-        assert_eq!(backoff(100), BACKOFF_MAX);
+        let t = DialTiming::default();
+        assert_eq!(t.backoff(1), t.backoff_min);
+        assert_eq!(t.backoff(2), t.backoff_min * 2);
+        assert_eq!(t.backoff(3), t.backoff_min * 4);
+        assert_eq!(t.backoff(4), t.backoff_max);
+        assert_eq!(t.backoff(100), t.backoff_max);
     }
 }

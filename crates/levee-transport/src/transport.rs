@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use levee_proto::{DecodeError, EncodeError, Hello, Message, encode_frame};
@@ -43,6 +43,45 @@ pub struct TransportConfig {
     pub peers: Vec<PeerAddr>,
     /// What this node says first on every connection.
     pub hello: Hello,
+}
+
+/// How a link dials its peer: how long a dial may take, and how long it waits after failed
+/// dials before the next (from `backoff_min`, doubling with every further failure, up to
+/// `backoff_max`). A peer that is heard again (its inbound connection completes its `Hello`,
+/// or one of its frames arrives) ends the wait, and replaces a dial that has not got through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DialTiming {
+    /// A dial (QUIC and TLS handshake, then `Hello`s: about three round trips) that takes
+    /// longer than this has failed.
+    pub connect_timeout: Duration,
+    /// The wait after the first failed dial.
+    pub backoff_min: Duration,
+    /// The longest wait between two dials of an unreachable peer.
+    pub backoff_max: Duration,
+}
+
+impl Default for DialTiming {
+    /// What [`Transport::start`] uses: dials of 2 s at most (a dial stuck in a partition
+    /// holds the link until it fails or the peer is heard), backoff from 100 ms up to 500 ms
+    /// (a peer cut off for long is still dialled about twice a second; a dial costs one QUIC
+    /// Initial packet while the peer is unreachable).
+    fn default() -> DialTiming {
+        DialTiming {
+            connect_timeout: Duration::from_secs(2),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(500),
+        }
+    }
+}
+
+impl DialTiming {
+    /// The wait before the next dial after `failures` consecutive failed dials.
+    pub(crate) fn backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(16);
+        self.backoff_min
+            .saturating_mul(1 << doublings)
+            .min(self.backoff_max)
+    }
 }
 
 /// A message from a peer.
@@ -131,6 +170,8 @@ pub(crate) struct Shared {
     pub(crate) hello_frame: Vec<u8>,
     inbound: mpsc::Sender<Inbound>,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The links, to tell them their peer was heard (weak: the links hold `Shared`).
+    links: OnceLock<HashMap<String, Weak<PeerLink>>>,
 }
 
 impl Shared {
@@ -141,6 +182,16 @@ impl Shared {
         tokio::select! {
             sent = self.inbound.send(inbound) => sent.is_ok(),
             _ = shutdown.wait_for(|down| *down) => false,
+        }
+    }
+
+    /// `peer` was heard from: an inbound connection of its completed its `Hello`, or a frame
+    /// of its arrived. Its link, if it is down, dials at once (see [`PeerLink::heard`]).
+    pub(crate) fn heard(&self, peer: &str) {
+        if let Some(link) = self.links.get().and_then(|links| links.get(peer))
+            && let Some(link) = link.upgrade()
+        {
+            link.heard();
         }
     }
 }
@@ -177,6 +228,14 @@ impl Transport {
     pub async fn start(
         cfg: TransportConfig,
     ) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
+        Transport::start_with_dial_timing(cfg, DialTiming::default()).await
+    }
+
+    /// [`start`](Transport::start) with links that dial their peers as `timing` says.
+    pub async fn start_with_dial_timing(
+        cfg: TransportConfig,
+        timing: DialTiming,
+    ) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
         if cfg.hello.node != cfg.node_id {
             return Err(TransportError::Config(format!(
                 "hello.node is {:?} but node_id is {:?}",
@@ -208,6 +267,7 @@ impl Transport {
             hello_frame,
             inbound: inbound_tx,
             shutdown: shutdown_rx,
+            links: OnceLock::new(),
         });
 
         let mut links = HashMap::new();
@@ -218,9 +278,14 @@ impl Transport {
                     peer.id
                 )));
             }
-            let link = PeerLink::start(shared.clone(), peer.id.clone(), peer.addr);
+            let link = PeerLink::start(shared.clone(), peer.id.clone(), peer.addr, timing);
             links.insert(peer.id, link);
         }
+        let weak = links
+            .iter()
+            .map(|(id, link)| (id.clone(), Arc::downgrade(link)))
+            .collect();
+        let _ = shared.links.set(weak);
         tokio::spawn(accept_loop(shared.clone()));
         debug!(node = %cfg.node_id, %local_addr, "transport started");
         let inner = Inner {

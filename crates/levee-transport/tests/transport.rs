@@ -14,7 +14,9 @@ use levee_proto::{
     Message, VERSION, encode_frame,
 };
 use levee_transport::certs::{init_ca, issue};
-use levee_transport::{Inbound, PeerAddr, TlsFiles, Transport, TransportConfig, TransportError};
+use levee_transport::{
+    DialTiming, Inbound, PeerAddr, TlsFiles, Transport, TransportConfig, TransportError,
+};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::mpsc::Receiver;
 use tokio::time::timeout;
@@ -579,4 +581,78 @@ async fn frames_to_one_peer_arrive_whole_and_in_the_order_sent() {
     })
     .await
     .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_link_backing_off_redials_as_soon_as_its_peer_connects_to_it() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        // `b`'s address is first a socket that reads nothing: `a`'s dial fails, and its next
+        // dial is due only a minute later, long after this test's bound.
+        let hole = std::net::UdpSocket::bind(localhost()).unwrap();
+        let b_bind = hole.local_addr().unwrap();
+        let (a, _a_rx) = Transport::start_with_dial_timing(
+            config(
+                "a",
+                TlsFiles::in_dir(dir.path(), "a"),
+                DIGEST,
+                vec![PeerAddr {
+                    id: "b".into(),
+                    addr: b_bind,
+                }],
+            ),
+            DialTiming {
+                connect_timeout: Duration::from_millis(300),
+                backoff_min: Duration::from_secs(60),
+                backoff_max: Duration::from_secs(60),
+            },
+        )
+        .await
+        .unwrap();
+        a.send("b", &deltas());
+        counters
+            .reach(
+                "levee_transport_connect_failures_total",
+                &[("peer", "b")],
+                1,
+            )
+            .await;
+
+        // `b` comes up at that address and dials `a`: `a` hears it and dials back at once.
+        drop(hole);
+        let mut b_cfg = config(
+            "b",
+            TlsFiles::in_dir(dir.path(), "b"),
+            DIGEST,
+            vec![peer("a", &a)],
+        );
+        b_cfg.bind = b_bind;
+        let (b, mut b_rx) = Transport::start(b_cfg).await.unwrap();
+        b.send("a", &deltas());
+        counters
+            .reach(
+                "levee_transport_connections_total",
+                &[("peer", "b"), ("direction", "outbound")],
+                1,
+            )
+            .await;
+        a.send("b", &deltas());
+        let got = next_data(&mut b_rx).await;
+        assert_eq!(got.peer, "a");
+        assert_eq!(got.msg, deltas());
+        assert_eq!(
+            counters.get("levee_transport_connect_failures_total", &[("peer", "b")]),
+            1,
+            "no dial failed after the peer was heard"
+        );
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await
+    .expect("test finished in time: the link redialled its peer once heard from it");
 }
