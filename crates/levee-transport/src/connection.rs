@@ -77,6 +77,14 @@ pub(crate) async fn accept(shared: Arc<Shared>, incoming: quinn::Incoming) {
     let remote = incoming.remote_address();
     let conn = match incoming.await {
         Ok(conn) => conn,
+        // The dialler gave up its dial (timed out, or replaced it with a fresh one when it
+        // heard from this node): not a refusal.
+        Err(quinn::ConnectionError::ConnectionClosed(close))
+            if close.error_code == quinn::TransportErrorCode::APPLICATION_ERROR =>
+        {
+            debug!(%remote, "the dialler abandoned its connection during the handshake");
+            return;
+        }
         Err(e) => {
             metrics::handshake_refused();
             warn!(%remote, error = %e, "refused a connection: TLS handshake failed");
@@ -88,7 +96,7 @@ pub(crate) async fn accept(shared: Arc<Shared>, incoming: quinn::Incoming) {
         Ok(hello) => {
             metrics::connection_established(&hello.node, "inbound");
             debug!(peer = %hello.node, %remote, "accepted a connection");
-            shared.heard(&hello.node);
+            shared.heard(&hello.node, conn.rtt());
             serve(shared, conn, hello, budget).await;
         }
         Err(reason) => debug!(%remote, %reason, "incoming connection failed before its Hello"),
@@ -236,13 +244,13 @@ async fn serve(shared: Arc<Shared>, conn: Connection, hello: Hello, budget: Arc<
         tokio::select! {
             stream = conn.accept_uni() => match stream {
                 Ok(recv) => {
-                    tokio::spawn(serve_uni(shared.clone(), peer.clone(), recv, budget.clone()));
+                    tokio::spawn(serve_uni(shared.clone(), peer.clone(), conn.clone(), recv, budget.clone()));
                 }
                 Err(e) => break e,
             },
             stream = conn.accept_bi() => match stream {
                 Ok((send, recv)) => {
-                    tokio::spawn(serve_bi(shared.clone(), peer.clone(), send, recv, budget.clone()));
+                    tokio::spawn(serve_bi(shared.clone(), peer.clone(), conn.clone(), send, recv, budget.clone()));
                 }
                 Err(e) => break e,
             },
@@ -256,6 +264,7 @@ async fn serve(shared: Arc<Shared>, conn: Connection, hello: Hello, budget: Arc<
 async fn serve_uni(
     shared: Arc<Shared>,
     peer: Arc<str>,
+    conn: Connection,
     mut recv: RecvStream,
     budget: Arc<Semaphore>,
 ) {
@@ -263,7 +272,7 @@ async fn serve_uni(
         match read_frame(&mut recv, &budget).await {
             Ok(Some((msg, bytes))) => {
                 metrics::frame_received(&peer, bytes);
-                shared.heard(&peer);
+                shared.heard(&peer, conn.rtt());
                 if matches!(msg, Message::Hello(_)) {
                     debug!(peer = %peer, "ignored a Hello after the handshake");
                     continue;
@@ -294,6 +303,7 @@ async fn serve_uni(
 async fn serve_bi(
     shared: Arc<Shared>,
     peer: Arc<str>,
+    conn: Connection,
     mut send: SendStream,
     mut recv: RecvStream,
     budget: Arc<Semaphore>,
@@ -301,7 +311,7 @@ async fn serve_bi(
     let msg = match read_frame(&mut recv, &budget).await {
         Ok(Some((msg, bytes))) => {
             metrics::frame_received(&peer, bytes);
-            shared.heard(&peer);
+            shared.heard(&peer, conn.rtt());
             msg
         }
         Ok(None) => {

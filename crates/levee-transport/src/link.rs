@@ -15,13 +15,13 @@
 //! retried — the replication protocol above tolerates loss; while a dial has failed, no new
 //! dial happens before the backoff expires, however many frames are sent — unless the peer is
 //! heard again (see [`PeerLink::heard`]): then the link dials at once, and replaces a dial
-//! under way that is at least [`REDIAL_MIN_AGE`] old, once per signal. There is never more
-//! than one dial in flight per peer (the state lock is held across it). What waits is
-//! visible: `levee_transport_queue_frames{peer}` and `levee_transport_queue_bytes{peer}`.
+//! under way that is at least [`REDIAL_MIN_AGE`] plus three round trips old, once per
+//! signal. There is never more than one dial in flight per peer (the state lock is held
+//! across it). What waits is visible: `levee_transport_queue_frames{peer}` and `levee_transport_queue_bytes{peer}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use quinn::SendStream;
@@ -42,10 +42,12 @@ pub(crate) const SEND_QUEUE_FRAMES: usize = 1024;
 pub(crate) const SEND_QUEUE_BYTES: usize = 16 << 20;
 /// Application error code closing a connection to redial it.
 const RECONNECT: quinn::VarInt = quinn::VarInt::from_u32(4);
-/// Youngest a dial may be when a sign of life from the peer replaces it with a new one: the
-/// bound on how often the peer's frames can make this link redial (at most ten dials a
-/// second, and only while its connection is down), and long enough for the new dial's
-/// Initial packet to be the one that gets through.
+/// Youngest a dial may be, beyond three round trips to the peer (as measured on the
+/// connection the peer was heard on), when a sign of life from the peer replaces it with a
+/// new one: the bound on how often the peer's frames can make this link redial (at most ten
+/// dials a second, and only while its connection is down), and time enough for a dial whose
+/// packets do get through to finish (handshake and `Hello`s: about two round trips), so a
+/// slow link is not redialled for ever.
 const REDIAL_MIN_AGE: Duration = Duration::from_millis(100);
 
 /// The way to one peer.
@@ -59,6 +61,9 @@ pub(crate) struct PeerLink {
     /// Signalled when the peer is heard (an inbound connection's `Hello`, or a frame) while
     /// this link is not connected; one stored permit at most, however many signals.
     heard: Notify,
+    /// The round trip (µs) of the connection the peer was last heard on while this link was
+    /// down.
+    heard_rtt_us: AtomicU64,
     timing: DialTiming,
     shared: Arc<Shared>,
 }
@@ -87,6 +92,7 @@ impl PeerLink {
             queued_bytes: AtomicUsize::new(0),
             state: Mutex::new(LinkState::default()),
             heard: Notify::new(),
+            heard_rtt_us: AtomicU64::new(0),
             timing,
             shared,
         });
@@ -141,7 +147,7 @@ impl PeerLink {
     /// failed dial — the peer is evidently reachable again: the link gives up its backoff or
     /// its pending dial (whose lost Initial packets QUIC would resend only after a backed-off
     /// probe timeout) and dials at once. Many signals in a row coalesce into one redial.
-    pub(crate) fn heard(&self) {
+    pub(crate) fn heard(&self, rtt: Duration) {
         let down = match self.state.try_lock() {
             Ok(state) => state
                 .conn
@@ -151,6 +157,8 @@ impl PeerLink {
             Err(_) => true,
         };
         if down {
+            let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+            self.heard_rtt_us.store(rtt_us, Ordering::Relaxed);
             self.heard.notify_one();
         }
     }
@@ -290,7 +298,7 @@ impl PeerLink {
                         .unwrap_or_else(|_| Err(format!("no connection within {timeout:?}")));
                 }
                 () = self.heard.notified(), if !heard => heard = true,
-                () = tokio::time::sleep_until(started + REDIAL_MIN_AGE), if heard => {
+                () = tokio::time::sleep_until(started + self.redial_min_age()), if heard => {
                     // The peer is heard but this dial has not got through (its Initial was
                     // likely lost before the heal): replace it with a fresh one, once per
                     // signal, never two at a time.
@@ -319,6 +327,12 @@ impl PeerLink {
                 Err(self.unreachable(reason))
             }
         }
+    }
+
+    /// How old a dial must be before a sign of life from the peer replaces it.
+    fn redial_min_age(&self) -> Duration {
+        let rtt = Duration::from_micros(self.heard_rtt_us.load(Ordering::Relaxed));
+        REDIAL_MIN_AGE.saturating_add(rtt.saturating_mul(3))
     }
 
     fn unreachable(&self, reason: String) -> TransportError {

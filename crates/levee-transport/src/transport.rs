@@ -186,12 +186,13 @@ impl Shared {
     }
 
     /// `peer` was heard from: an inbound connection of its completed its `Hello`, or a frame
-    /// of its arrived. Its link, if it is down, dials at once (see [`PeerLink::heard`]).
-    pub(crate) fn heard(&self, peer: &str) {
+    /// of its arrived, on a connection whose round trip is estimated at `rtt`. Its link, if it
+    /// is down, dials at once (see [`PeerLink::heard`]).
+    pub(crate) fn heard(&self, peer: &str, rtt: Duration) {
         if let Some(link) = self.links.get().and_then(|links| links.get(peer))
             && let Some(link) = link.upgrade()
         {
-            link.heard();
+            link.heard(rtt);
         }
     }
 }
