@@ -215,6 +215,22 @@ struct CheckBody {
     all: Option<Vec<AllEntry>>,
 }
 
+impl CheckBody {
+    /// Check `i` of a batch, validated and borrowing from `self`.
+    fn check_ref(&self, i: usize) -> Result<CheckRef<'_>, ApiError> {
+        batch_check(
+            i,
+            self.rule.as_deref(),
+            self.key.as_deref(),
+            self.cost,
+            self.class.as_deref(),
+            self.idempotency_key.as_deref(),
+            self.dry_run,
+            self.all.is_some(),
+        )
+    }
+}
+
 fn cost_of(cost: Option<i64>, field: Field) -> Result<u64, ApiError> {
     match cost {
         None => Ok(1),
@@ -476,16 +492,7 @@ fn batch_checks_slow(app: &App, bytes: &[u8]) -> Result<Vec<CheckBody>, ApiError
                 ApiError::invalid(format!("checks[{i}].{path}: {msg}"))
             }
         })?;
-        batch_check(
-            i,
-            c.rule.as_deref(),
-            c.key.as_deref(),
-            c.cost,
-            c.class.as_deref(),
-            c.idempotency_key.as_deref(),
-            c.dry_run,
-            c.all.is_some(),
-        )?;
+        c.check_ref(i)?;
         checks.push(c);
     }
     Ok(checks)
@@ -620,18 +627,7 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
                 escaped = true;
                 slow.iter()
                     .enumerate()
-                    .map(|(i, c)| {
-                        batch_check(
-                            i,
-                            c.rule.as_deref(),
-                            c.key.as_deref(),
-                            c.cost,
-                            c.class.as_deref(),
-                            c.idempotency_key.as_deref(),
-                            c.dry_run,
-                            c.all.is_some(),
-                        )
-                    })
+                    .map(|(i, c)| c.check_ref(i))
                     .collect::<Result<_, _>>()?
             }
         };
