@@ -107,25 +107,11 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        let plan = table::table_plan(case, cli.rtt, cli.seed.unwrap_or(0));
-        let outcome = run_plan(&plan, &Policy::ALL);
-        println!("{}", levee_sim::report::describe(&plan, &outcome));
-        return if outcome.violations.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        return replay(&table::table_plan(case, cli.rtt, cli.seed.unwrap_or(0)));
     }
     if let Some(seed) = cli.seed {
         let scenario = scenario.unwrap_or(Scenario::for_seed(seed));
-        let plan = scenario.plan(seed);
-        let outcome = run_plan(&plan, &Policy::ALL);
-        println!("{}", levee_sim::report::describe(&plan, &outcome));
-        return if outcome.violations.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        return replay(&scenario.plan(seed));
     }
     let seeds = cli.seeds.unwrap_or(100);
     let batch = Batch {
@@ -148,6 +134,17 @@ fn main() -> ExitCode {
     );
     println!("{}", summary.render(cli.show_failures));
     if summary.violation_count() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs one plan under every policy, prints it in detail, and fails if Levee broke a property.
+fn replay(plan: &levee_sim::RunPlan) -> ExitCode {
+    let outcome = run_plan(plan, &Policy::ALL);
+    println!("{}", levee_sim::report::describe(plan, &outcome));
+    if outcome.violations.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
