@@ -70,12 +70,15 @@ impl KeyState {
         let e = algo.epoch(now);
         let epoch_len = algo.epoch_len(now);
         let requested = self.requested_total;
-        self.cold_mut().forecast.sample(now, requested, epoch_len);
+        // A node that never had a request for the key (a replica that only merged it) keeps
+        // no forecast: its demand is zero, and the common key stays one allocation.
+        if requested > 0 || self.cold.is_some() {
+            self.cold_mut().forecast.sample(now, requested, epoch_len);
+        }
         let me_owner = ctx.owner == ctx.me;
-        let forecast = if me_owner {
-            self.cold_mut().forecast.expected(epoch_len)
-        } else {
-            0
+        let forecast = match &self.cold {
+            Some(c) if me_owner => c.forecast.expected(epoch_len),
+            _ => 0,
         };
         let split = match target.split {
             Some(s) => s.to_vec(),
@@ -89,7 +92,9 @@ impl KeyState {
             false => self.crdt.holdings.received_by(ctx.me),
         };
         let published = self.crdt.demand.get(ctx.me).copied().unwrap_or_default();
-        if published.forecast != forecast || published.received != received || published.seq == 0 {
+        // Nothing to publish while the register would say what its absence says (no demand,
+        // nothing received): replicas that only merged a key do not gossip a register for it.
+        if published.forecast != forecast || published.received != received {
             *self.crdt.demand.entry(ctx.me) = DemandReg {
                 seq: published.seq + 1,
                 forecast,

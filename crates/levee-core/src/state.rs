@@ -78,7 +78,7 @@ pub struct KeyState {
     dirty: Dirty,
     /// Bookkeeping only some keys need (optimistic allowance, demand forecast), out of line
     /// so that the common key stays small.
-    cold: Option<Box<Cold>>,
+    pub(crate) cold: Option<Box<Cold>>,
     /// Total tokens requested at this node (admitted or not), for the forecast.
     pub(crate) requested_total: u64,
     /// Last time a decision, refund or merge touched the key (for idle eviction).
