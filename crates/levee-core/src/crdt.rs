@@ -14,7 +14,9 @@
 //! absolute values, so applying them in any order, duplicated, or after a loss repaired by a
 //! full-state join, converges to the same state. Nothing here knows about time.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use smallvec::SmallVec;
+use thin_vec::ThinVec;
 
 use crate::replica::NodeIdx;
 
@@ -114,16 +116,37 @@ register_lattice!(BucketReg);
 register_lattice!(DemandReg);
 
 /// Sparse per-node entries, sorted by node: only nodes that ever wrote have an entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// The first entry is held inline: most keys have one writer (the node that decides for
+/// them), and a key's state then needs no allocation of its own for it. On the wire it is a
+/// plain sequence, as a `Vec` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeMap<V> {
-    entries: Vec<(NodeIdx, V)>,
+    entries: SmallVec<[(NodeIdx, V); 1]>,
 }
 
 impl<V> Default for NodeMap<V> {
     fn default() -> Self {
         NodeMap {
-            entries: Vec::new(),
+            entries: SmallVec::new(),
         }
+    }
+}
+
+impl<V: Serialize> Serialize for NodeMap<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.entries.as_slice().serialize(s)
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for NodeMap<V> {
+    /// Decoded through `Vec`, whose decoder does not trust a sequence's announced length for
+    /// its first allocation (untrusted input may announce any length).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let entries = Vec::<(NodeIdx, V)>::deserialize(d)?;
+        Ok(NodeMap {
+            entries: SmallVec::from_vec(entries),
+        })
     }
 }
 
@@ -193,7 +216,7 @@ pub struct Transfer {
 /// The escrow's grow-only transfer matrix, sparse, sorted by `(from, to)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferMatrix {
-    cells: Vec<Transfer>,
+    cells: ThinVec<Transfer>,
 }
 
 impl TransferMatrix {
@@ -325,7 +348,7 @@ impl Claim {
 /// Every node's claims, sparse, sorted by `(epoch, node)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
-    entries: Vec<Claim>,
+    entries: ThinVec<Claim>,
 }
 
 impl Claims {
@@ -433,7 +456,7 @@ impl Lattice for EpochSlot {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyCrdt {
     /// Per-epoch slots, ascending by epoch.
-    pub slots: Vec<EpochSlot>,
+    pub slots: ThinVec<EpochSlot>,
     /// Continuous rights transfers (token buckets and sliding windows).
     pub holdings: TransferMatrix,
     /// Token-bucket levels per node.

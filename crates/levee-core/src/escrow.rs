@@ -69,16 +69,12 @@ impl KeyState {
         let now = ctx.now;
         let e = algo.epoch(now);
         let epoch_len = algo.epoch_len(now);
-        let requested = self.requested_total;
-        // A node that never had a request for the key (a replica that only merged it) keeps
-        // no forecast: its demand is zero, and the common key stays one allocation.
-        if requested > 0 || self.cold.is_some() {
-            self.cold_mut().forecast.sample(now, requested, epoch_len);
-        }
+        self.forecast.sample(now, epoch_len);
         let me_owner = ctx.owner == ctx.me;
-        let forecast = match &self.cold {
-            Some(c) if me_owner => c.forecast.expected(epoch_len),
-            _ => 0,
+        let forecast = if me_owner {
+            self.forecast.expected(epoch_len)
+        } else {
+            0
         };
         let split = match target.split {
             Some(s) => s.to_vec(),

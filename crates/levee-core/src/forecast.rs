@@ -20,29 +20,37 @@ pub struct Forecast {
     long: f64,
     short: f64,
     last_at: Millis,
-    last_total: u64,
+    /// Tokens requested since the last sample.
+    pending: u64,
     disagree: u8,
     primed: bool,
     started: bool,
 }
 
 impl Forecast {
-    /// Feeds the running total of tokens requested at time `now`; `epoch_ms` is the rule's
-    /// window (or period) length, which sets the memory.
-    pub fn sample(&mut self, now: Millis, total: u64, epoch_ms: Millis) {
+    /// Counts `tokens` requested (admitted or not) towards the next sample.
+    #[inline]
+    pub fn add(&mut self, tokens: u64) {
+        self.pending = self.pending.saturating_add(tokens);
+    }
+
+    /// Takes a sample at time `now` of what [`Forecast::add`] counted since the last one;
+    /// `epoch_ms` is the rule's window (or period) length, which sets the memory. The first
+    /// sample only starts the clock: what was requested before it is not a rate.
+    pub fn sample(&mut self, now: Millis, epoch_ms: Millis) {
         if !self.started {
             self.started = true;
             self.last_at = now;
-            self.last_total = total;
+            self.pending = 0;
             return;
         }
         if now <= self.last_at {
             return;
         }
         let dt = (now - self.last_at) as f64;
-        let rate = total.saturating_sub(self.last_total) as f64 / dt;
+        let rate = self.pending as f64 / dt;
         self.last_at = now;
-        self.last_total = total;
+        self.pending = 0;
         if !self.primed {
             self.long = rate;
             self.short = rate;
@@ -89,19 +97,18 @@ mod tests {
     use super::*;
 
     fn feed(f: &mut Forecast, rates: &[f64], step: Millis, epoch: Millis) {
-        let mut total = f.last_total as f64;
         let mut now = f.last_at;
         for r in rates {
             now += step;
-            total += r * step as f64;
-            f.sample(now, total as u64, epoch);
+            f.add((r * step as f64) as u64);
+            f.sample(now, epoch);
         }
     }
 
     #[test]
     fn steady_demand_is_forecast_exactly() {
         let mut f = Forecast::default();
-        f.sample(0, 0, 1000);
+        f.sample(0, 1000);
         feed(&mut f, &[1.0; 100], 20, 1000);
         assert_eq!(f.expected(1000), 1000);
     }
@@ -109,7 +116,7 @@ mod tests {
     #[test]
     fn noise_does_not_move_the_long_memory_much() {
         let mut f = Forecast::default();
-        f.sample(0, 0, 1000);
+        f.sample(0, 1000);
         feed(&mut f, &[1.0; 50], 20, 1000);
         // One dip to zero for a single sample: the forecast barely moves.
         feed(&mut f, &[0.0], 20, 1000);
@@ -119,7 +126,7 @@ mod tests {
     #[test]
     fn a_real_shift_is_followed_within_a_few_samples() {
         let mut f = Forecast::default();
-        f.sample(0, 0, 1000);
+        f.sample(0, 1000);
         feed(&mut f, &[1.0; 50], 20, 1000);
         feed(&mut f, &[10.0; 12], 20, 1000);
         assert!(f.rate() > 5.0, "rate {}", f.rate());

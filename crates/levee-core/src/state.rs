@@ -72,25 +72,25 @@ pub enum MergeError {
 }
 
 /// One key's state: the replicated CRDT and private bookkeeping.
+///
+/// A store holds one per key on every node, so its size is the node's memory per key: the
+/// common key (a token bucket or a window decided by one node) lives inline, in one
+/// allocation with the store's entry; only optimistic mode's allowance is out of line.
 #[derive(Debug, Clone, Default)]
 pub struct KeyState {
     pub(crate) crdt: KeyCrdt,
     dirty: Dirty,
-    /// Bookkeeping only some keys need (optimistic allowance, demand forecast), out of line
-    /// so that the common key stays small.
-    pub(crate) cold: Option<Box<Cold>>,
-    /// Total tokens requested at this node (admitted or not), for the forecast.
-    pub(crate) requested_total: u64,
-    /// Last time a decision, refund or merge touched the key (for idle eviction).
-    touched: Millis,
+    /// This node's demand for the key (tokens requested here, admitted or not), for the
+    /// escrow's rebalancing and optimistic claims.
+    pub(crate) forecast: Forecast,
+    /// Optimistic mode's bookkeeping, out of line: strict keys never allocate it.
+    optimistic: Option<Box<Optimistic>>,
 }
 
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Cold {
-    optimistic: Allowance,
-    /// The node's own demand, for the escrow's forecasts and optimistic claims.
-    pub(crate) forecast: Forecast,
-    /// Optimistic mode: the latest epoch this node decided in, and when it first did.
+struct Optimistic {
+    allowance: Allowance,
+    /// The latest epoch this node decided in, and when it first did.
     first_decision: (u64, Millis),
 }
 
@@ -202,11 +202,6 @@ impl KeyState {
         &self.crdt
     }
 
-    /// Last time the key was used or updated.
-    pub fn touched(&self) -> Millis {
-        self.touched
-    }
-
     /// Decides one request of `cost` tokens and consumes them if allowed (and the rule is
     /// enforced, or it is shadowed and would allow). With `dry_run` nothing changes.
     pub fn decide(
@@ -266,7 +261,6 @@ impl KeyState {
             let new_level = (level + i128::from(cost) * NANO).min(cap.max(level));
             self.set_level(ctx.me, new_level, now);
         }
-        self.touched = now;
         let ev = self.evaluate(target, 0, ctx);
         decision_of(algo, RuleMode::Enforce, 0, &ev, false, true, ctx)
     }
@@ -415,9 +409,6 @@ impl KeyState {
                 changed |= self.crdt.claims.raise(*c);
             }
         }
-        if changed {
-            self.touched = self.touched.max(ctx.now);
-        }
         Ok(changed)
     }
 
@@ -487,8 +478,8 @@ impl KeyState {
         self.crdt.is_empty()
     }
 
-    pub(crate) fn cold_mut(&mut self) -> &mut Cold {
-        self.cold.get_or_insert_with(Box::default)
+    fn optimistic_mut(&mut self) -> &mut Optimistic {
+        self.optimistic.get_or_insert_with(Box::default)
     }
 
     pub(crate) fn mark_demand_dirty(&mut self) {
@@ -681,8 +672,8 @@ impl KeyState {
         // most: claims can keep growing, a round at a time), plus a margin for noise (10 %,
         // or two standard deviations of a Poisson count); everything it can get until its
         // demand has been measured.
-        let want = match self.cold.as_ref().map(|c| c.forecast) {
-            Some(f) if f.is_primed() => {
+        let want = match self.forecast {
+            f if f.is_primed() => {
                 let len = algo.epoch_len(ctx.now);
                 let ahead = (algo.epoch_end(e) - ctx.now)
                     .min(len / 2)
@@ -698,7 +689,10 @@ impl KeyState {
         // their first claim may be on its way: during the grace period after this node's
         // first decision in the epoch, and all epoch for a region that claimed in the epoch
         // before. During the grace period they also hold back rounds after the first.
-        let first = self.cold.as_ref().map_or((0, 0), |c| c.first_decision);
+        let first = self
+            .optimistic
+            .as_ref()
+            .map_or((0, 0), |o| o.first_decision);
         let grace = CLAIM_GRACE_MS.min(algo.epoch_len(ctx.now) / 2);
         let in_grace = first.0 != e || ctx.now < first.1.saturating_add(grace);
         let slot = self.crdt.slot(e);
@@ -827,8 +821,7 @@ impl KeyState {
             return;
         }
         let len = target.algorithm.epoch_len(ctx.now);
-        let total = self.requested_total;
-        self.cold_mut().forecast.sample(ctx.now, total, len);
+        self.forecast.sample(ctx.now, len);
     }
 
     fn eval_sliding(
@@ -1058,7 +1051,11 @@ impl KeyState {
 
     /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
     fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
-        let a = self.cold.as_ref().map(|c| c.optimistic).unwrap_or_default();
+        let a = self
+            .optimistic
+            .as_ref()
+            .map(|o| o.allowance)
+            .unwrap_or_default();
         if a.valid && a.sync_gen == ctx.view.sync_gen && a.epoch == epoch {
             a
         } else {
@@ -1094,16 +1091,15 @@ impl KeyState {
             }
             self.dirty.tallies = true;
         }
-        self.requested_total += cost;
-        self.touched = now;
+        self.forecast.add(cost);
         if ctx.view.consistency == Consistency::Optimistic
             && windowed(algo)
             && self
-                .cold
+                .optimistic
                 .as_ref()
-                .is_none_or(|c| c.first_decision.0 != ev.epoch)
+                .is_none_or(|o| o.first_decision.0 != ev.epoch)
         {
-            self.cold_mut().first_decision = (ev.epoch, now);
+            self.optimistic_mut().first_decision = (ev.epoch, now);
         }
         if let Some(c) = ev.next_claim {
             self.crdt.claims.raise(c);
@@ -1123,7 +1119,7 @@ impl KeyState {
                     Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
                     _ => i128::from(cost),
                 };
-                self.cold_mut().optimistic = a;
+                self.optimistic_mut().allowance = a;
             }
             if let Algorithm::TokenBucket { .. } = algo {
                 self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);

@@ -452,6 +452,37 @@ mod tests {
         })
     }
 
+    /// The state's compact containers (one entry inline, thin vectors) are plain sequences on
+    /// the wire, byte for byte what `Vec`s were: peers of either layout understand each other.
+    #[test]
+    fn compact_containers_encode_as_vectors() {
+        use levee_core::crdt::{BucketReg, Transfer};
+        let mut state = KeyCrdt::default();
+        let reg = |seq| BucketReg {
+            seq,
+            at: 7,
+            level_nt: -3,
+        };
+        *state.buckets.entry(NodeIdx(0)) = reg(1);
+        *state.buckets.entry(NodeIdx(4)) = reg(2);
+        state.holdings.give(NodeIdx(1), NodeIdx(0), 40);
+        fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+            bincode::serde::encode_to_vec(v, config()).unwrap()
+        }
+        let as_vec: Vec<(NodeIdx, BucketReg)> = vec![(NodeIdx(0), reg(1)), (NodeIdx(4), reg(2))];
+        assert_eq!(enc(&state.buckets), enc(&as_vec));
+        let cells = vec![Transfer {
+            from: NodeIdx(1),
+            to: NodeIdx(0),
+            units: 40,
+        }];
+        assert_eq!(enc(&state.holdings), enc(&cells));
+        let back: KeyCrdt = bincode::serde::decode_from_slice(&enc(&state), config())
+            .unwrap()
+            .0;
+        assert_eq!(back, state);
+    }
+
     #[test]
     fn ids_round_trip() {
         let mut b = Vec::new();
