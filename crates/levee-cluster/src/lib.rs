@@ -843,46 +843,66 @@ pub fn key_fingerprint(id: &[u8], state: &KeyCrdt, retained: u64) -> u64 {
     key_hash(id).rotate_left(17) ^ state.fingerprint(oldest)
 }
 
-/// The per-bucket digest of a key store, kept incrementally: the store records a key's
-/// fingerprint whenever the key changes (or goes), and each bucket's hash is the XOR of its
-/// keys' fingerprints, so the old value XORs out and the new one in. Memory: one `u64 → u64`
-/// entry per key (named by [`key_hash`], not by its bytes).
+/// The per-bucket digest of a key store: [`DIGEST_BUCKETS`] hashes, each the XOR of its keys'
+/// fingerprints, so that when a key changes its old fingerprint XORs out and the new one in.
+/// It holds no per-key memory: the store that uses it keeps each key's last fingerprint
+/// (with the key itself, or in [`Fingerprints`]).
 #[derive(Debug, Clone)]
-pub struct Fingerprints {
-    keys: HashMap<u64, u64>,
+pub struct DigestBuckets {
     buckets: Vec<u64>,
 }
 
-impl Default for Fingerprints {
-    fn default() -> Fingerprints {
-        Fingerprints {
-            keys: HashMap::new(),
+impl Default for DigestBuckets {
+    fn default() -> DigestBuckets {
+        DigestBuckets {
             buckets: vec![0; DIGEST_BUCKETS as usize],
         }
     }
+}
+
+impl DigestBuckets {
+    /// Replaces a key's fingerprint `old` by `new` in its bucket (`None`: the key was not
+    /// recorded, or is gone).
+    pub fn replace(&mut self, id: &[u8], old: Option<u64>, new: Option<u64>) {
+        let b = bucket_of(id, DIGEST_BUCKETS) as usize;
+        self.buckets[b] ^= old.unwrap_or(0) ^ new.unwrap_or(0);
+    }
+
+    /// Forgets every key (before a rebuild from the whole store).
+    pub fn clear(&mut self) {
+        self.buckets.iter_mut().for_each(|b| *b = 0);
+    }
+
+    /// Every bucket's hash, [`DIGEST_BUCKETS`] of them.
+    pub fn buckets(&self) -> Vec<u64> {
+        self.buckets.clone()
+    }
+}
+
+/// [`DigestBuckets`] with each key's last fingerprint kept beside them, for a store that has
+/// nowhere else to keep it. Memory: one `u64 → u64` entry per key (named by [`key_hash`],
+/// not by its bytes).
+#[derive(Debug, Clone, Default)]
+pub struct Fingerprints {
+    keys: HashMap<u64, u64>,
+    buckets: DigestBuckets,
 }
 
 impl Fingerprints {
     /// Records a key's fingerprint (`None`: the key is gone).
     pub fn set(&mut self, id: &[u8], fingerprint: Option<u64>) {
         let h = key_hash(id);
-        let b = bucket_of_hash(h, DIGEST_BUCKETS) as usize;
         let old = match fingerprint {
             Some(fp) => self.keys.insert(h, fp),
             None => self.keys.remove(&h),
         };
-        if let Some(old) = old {
-            self.buckets[b] ^= old;
-        }
-        if let Some(fp) = fingerprint {
-            self.buckets[b] ^= fp;
-        }
+        self.buckets.replace(id, old, fingerprint);
     }
 
     /// Forgets every key (before a rebuild from the whole store).
     pub fn clear(&mut self) {
         self.keys.clear();
-        self.buckets.iter_mut().for_each(|b| *b = 0);
+        self.buckets.clear();
     }
 
     /// Keys recorded.
@@ -897,7 +917,7 @@ impl Fingerprints {
 
     /// Every bucket's hash, [`DIGEST_BUCKETS`] of them.
     pub fn buckets(&self) -> Vec<u64> {
-        self.buckets.clone()
+        self.buckets.buckets()
     }
 }
 

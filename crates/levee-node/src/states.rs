@@ -3,12 +3,12 @@
 //! The store lists every key used or merged since the last gossip interval; a tick takes that
 //! list once, rebalances those keys (strict mode) and sends their deltas.
 
-use levee_cluster::{Fingerprints, KeyStates, Refused, key_fingerprint};
+use levee_cluster::{DigestBuckets, KeyStates, Refused, key_fingerprint};
 use levee_core::{ClusterView, DecideCtx, KeyCrdt, Millis, NodeIdx, RebalanceCtx, Target};
 use levee_proto::decode_id;
 
 use crate::limiter::{Limiter, RuleSet};
-use crate::store::KeyId;
+use crate::store::{KeyId, Slot};
 
 /// Rights in flight to one peer are capped at this fraction of a key's capacity.
 const MAX_IN_FLIGHT_FRACTION: f64 = 0.5;
@@ -18,14 +18,30 @@ const MAX_IN_FLIGHT_FRACTION: f64 = 0.5;
 const DIGEST_REBUILD_MS: Millis = 60_000;
 
 /// The store's anti-entropy digest, kept between ticks: every key's fingerprint is
-/// recorded when a merge changes it or when a tick drains it (every key used or changed
-/// since the last tick), so a digest costs O(buckets). Keys that leave the store are
-/// dropped by a full rebuild every [`DIGEST_REBUILD_MS`], or sooner when the digest
-/// counts a quarter more keys than the store holds.
+/// recorded (in its slot, and XORed into its bucket) when a merge changes it or when a tick
+/// drains it (every key used or changed since the last tick), so a digest costs O(buckets)
+/// and no memory per key beyond the slot's 8 bytes. Keys that leave the store stay in their
+/// bucket until a full rebuild, every [`DIGEST_REBUILD_MS`], or sooner when the keys
+/// recorded since the last rebuild outnumber the store by a quarter; until then their
+/// buckets differ from the peers' and anti-entropy exchanges those buckets' keys.
 #[derive(Debug, Default)]
 pub struct NodeDigest {
-    fingerprints: Fingerprints,
+    buckets: DigestBuckets,
+    /// Keys recorded for the first time since the last rebuild.
+    recorded: usize,
     next_rebuild: Millis,
+}
+
+impl NodeDigest {
+    /// Records a slot's new fingerprint.
+    fn record(&mut self, id: &[u8], slot: &mut Slot, fp: u64) {
+        let old = std::mem::replace(&mut slot.fingerprint, fp);
+        if old == 0 {
+            self.recorded += 1;
+        }
+        self.buckets
+            .replace(id, (old != 0).then_some(old), Some(fp));
+    }
 }
 
 /// One tick's view of the store.
@@ -92,12 +108,14 @@ impl KeyStates for NodeStates<'_> {
         while out.len() < max {
             let Some(id) = self.pending.pop() else { break };
             let retained = retained(&self.rules, &id);
-            let (delta, fp) = self.limiter.store().with_slot(&id, |slot| {
+            let digest = &mut *self.digest;
+            let delta = self.limiter.store().with_slot(&id, |slot| {
                 slot.queued = false;
                 let d = slot.state.take_delta(me);
-                (d, key_fingerprint(&id, slot.state.crdt(), retained))
+                let fp = key_fingerprint(&id, slot.state.crdt(), retained);
+                digest.record(&id, slot, fp);
+                d
             });
-            self.digest.fingerprints.set(&id, Some(fp));
             if let Some(d) = delta {
                 out.push((id.to_vec(), d));
             }
@@ -116,18 +134,19 @@ impl KeyStates for NodeStates<'_> {
         };
         let retained = target.algorithm.retained_epochs();
         let store = self.limiter.store();
-        let changed = store.with_slot(id, |slot| {
-            let r = slot
+        let digest = &mut *self.digest;
+        store.with_slot(id, |slot| {
+            let changed = slot
                 .state
                 .merge(state, &target, &ctx)
                 .map_err(|e| Refused(e.to_string()));
             store.note(id, slot);
-            r.map(|changed| changed.then(|| key_fingerprint(id, slot.state.crdt(), retained)))
-        })?;
-        if let Some(fp) = changed {
-            self.digest.fingerprints.set(id, Some(fp));
-        }
-        Ok(())
+            if changed? {
+                let fp = key_fingerprint(id, slot.state.crdt(), retained);
+                digest.record(id, slot, fp);
+            }
+            Ok(())
+        })
     }
 
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64)) {
@@ -145,16 +164,18 @@ impl KeyStates for NodeStates<'_> {
     fn digest(&mut self, now: Millis) -> Vec<u64> {
         let store = self.limiter.store();
         let d = &mut *self.digest;
-        if now >= d.next_rebuild || d.fingerprints.len() > store.len() + store.len() / 4 + 1024 {
+        if now >= d.next_rebuild || d.recorded > store.len() + store.len() / 4 + 1024 {
             d.next_rebuild = now + DIGEST_REBUILD_MS;
-            d.fingerprints.clear();
+            d.buckets.clear();
+            d.recorded = 0;
             let rules = &self.rules;
-            store.for_each(|id, state| {
-                let fp = key_fingerprint(id, state.crdt(), retained(rules, id));
-                d.fingerprints.set(id, Some(fp));
+            store.for_each_slot(|id, slot| {
+                let fp = key_fingerprint(id, slot.state.crdt(), retained(rules, id));
+                slot.fingerprint = 0;
+                d.record(id, slot, fp);
             });
         }
-        d.fingerprints.buckets()
+        d.buckets.buckets()
     }
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {

@@ -41,6 +41,9 @@ pub struct Slot {
     pub hits: u8,
     /// Whether the key is in the store's list of changed keys.
     pub queued: bool,
+    /// The key's part of the anti-entropy digest as last recorded (0: not recorded); kept
+    /// here so that the digest needs no table of its own.
+    pub fingerprint: u64,
 }
 
 /// One key: its identity (inline up to 16 bytes, the common case for short rule names and
@@ -234,7 +237,7 @@ impl Store {
         let (entry, inserted) = self.slot_with(&id, || Slot {
             state: state.take().unwrap_or_default(),
             hits: 1,
-            queued: false,
+            ..Slot::default()
         });
         if !inserted && let Some(state) = state {
             let mut s = entry.lock();
@@ -295,6 +298,14 @@ impl Store {
         }
     }
 
+    /// Calls `f` for every key's slot (for a rebuild of the digest).
+    pub fn for_each_slot(&self, mut f: impl FnMut(&[u8], &mut Slot)) {
+        for entry in self.map.iter() {
+            let e = &entry.key().0;
+            f(&e.id, &mut e.lock());
+        }
+    }
+
     /// Keeps only the keys for which `keep` returns true; also forgets them in the clock.
     pub fn retain(&self, mut keep: impl FnMut(&[u8], &mut KeyState) -> bool) {
         self.map
@@ -334,6 +345,15 @@ mod tests {
         store.for_each(|id, _| seen.push(id.to_vec()));
         seen.sort();
         assert_eq!(seen, vec![id("other").to_vec(), k.to_vec()]);
+    }
+
+    /// The memory budget per key (docs/benchmarks.md, figure 6): a key's entry, with the
+    /// `Arc`'s two counters, fits the allocator's 224-byte size class on 64-bit targets.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_key_entry_fits_224_bytes() {
+        let with_counts = std::mem::size_of::<KeyEntry>() + 2 * std::mem::size_of::<usize>();
+        assert!(with_counts <= 224, "a key entry takes {with_counts} bytes");
     }
 
     #[test]
