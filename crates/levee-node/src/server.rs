@@ -2,8 +2,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -187,7 +189,11 @@ async fn serve_http(
 ) -> std::io::Result<()> {
     let router = http::router(Arc::clone(&app));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = Arc::new(hyper::server::conn::http1::Builder::new());
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // One buffer, one `write(2)`: the answers are small, so copying the body after the head
+    // costs less than the kernel's vectored-write path.
+    builder.writev(false);
+    let builder = Arc::new(builder);
     let workers = HttpThreads::start(threads)?;
     loop {
         let (stream, peer) = tokio::select! {
@@ -211,13 +217,20 @@ async fn serve_http(
         let api = http::Api::new(Arc::clone(&app), router.clone(), peer);
         let builder = Arc::clone(&builder);
         let watcher = graceful.watcher();
+        let timeout = app.request_timeout();
         workers.spawn(async move {
             let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
                 return;
             };
+            let (stream, pending) = Watched::new(stream);
             let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), api));
-            if let Err(e) = conn.await {
-                tracing::trace!(error = %e, "connection ended with an error");
+            tokio::select! {
+                res = conn => if let Err(e) = res {
+                    tracing::trace!(error = %e, "connection ended with an error");
+                },
+                () = pending.expired(timeout) => {
+                    tracing::debug!(%peer, "closing a connection whose request did not arrive in time");
+                }
             }
         });
     }
@@ -278,6 +291,102 @@ impl HttpThreads {
             conn.await;
             open.fetch_sub(1, Ordering::Relaxed);
         });
+    }
+}
+
+/// A connection's stream, noting whether a request is partly received: bytes have been read
+/// since the connection last wrote an answer. With [`Pending::expired`] this is the time limit
+/// of a request's arrival — a client that sends part of a request and stalls is cut off —
+/// without a timer per request (hyper's `header_read_timeout` arms one for every request):
+/// one coarse tick per connection checks whether the same partial request is still pending.
+struct Watched {
+    stream: tokio::net::TcpStream,
+    pending: Arc<AtomicU8>,
+}
+
+/// The watch side of [`Watched`]: 0 when no request is partly received, else 1 + the ticks
+/// that have seen the same partial request.
+struct Pending(Arc<AtomicU8>);
+
+impl Watched {
+    fn new(stream: tokio::net::TcpStream) -> (Watched, Pending) {
+        let pending = Arc::new(AtomicU8::new(0));
+        let watch = Pending(Arc::clone(&pending));
+        (Watched { stream, pending }, watch)
+    }
+}
+
+/// Ticks per request timeout: a stalled request is cut off between 1 and 1.25 timeouts after
+/// its first bytes.
+const TICKS_PER_TIMEOUT: u8 = 4;
+
+impl Pending {
+    /// Resolves once a request has been partly received for longer than `timeout` (checked
+    /// every `timeout / 4`). An idle keep-alive connection, or one writing its answer, never
+    /// expires.
+    async fn expired(self, timeout: Duration) {
+        let period = (timeout / u32::from(TICKS_PER_TIMEOUT)).max(Duration::from_millis(5));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // The connection's reads and writes happen on this same task, between ticks.
+            match self.0.load(Ordering::Relaxed) {
+                0 => {}
+                n if n > TICKS_PER_TIMEOUT => return,
+                n => self.0.store(n + 1, Ordering::Relaxed),
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if buf.filled().len() > before && this.pending.load(Ordering::Relaxed) == 0 {
+            this.pending.store(1, Ordering::Relaxed);
+        }
+        res
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        this.pending.store(0, Ordering::Relaxed);
+        Pin::new(&mut this.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        this.pending.store(0, Ordering::Relaxed);
+        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -392,5 +501,100 @@ async fn snapshots(
         }
         let (app2, node2, dir2) = (Arc::clone(&app), node.clone(), dir.clone());
         let _ = tokio::task::spawn_blocking(move || write_snapshot(&app2, &node2, &dir2)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use super::*;
+
+    const CONFIG: &str = r#"
+[node]
+id = "t1"
+region = "local"
+http = "127.0.0.1:0"
+
+[api]
+request_timeout = "300ms"
+
+[[rule]]
+name = "r"
+algorithm = "token_bucket"
+rate = 1000
+per = "1s"
+burst = 1000
+key_from = "header:x-key"
+"#;
+
+    const REQUEST: &[u8] = b"GET /v1/authz/r HTTP/1.1\r\nhost: t\r\nx-key: k\r\n\r\n";
+
+    /// Reads one answer's head (up to the blank line); `None` if the connection was closed.
+    fn read_head(s: &mut TcpStream) -> Option<String> {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match s.read(&mut byte) {
+                Ok(1) => head.push(byte[0]),
+                _ => return None,
+            }
+        }
+        Some(String::from_utf8_lossy(&head).into_owned())
+    }
+
+    #[test]
+    fn a_stalled_request_is_cut_off_and_an_idle_connection_is_kept() {
+        let dir = std::env::temp_dir().join(format!("levee-server-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("levee.toml");
+        std::fs::write(&path, CONFIG).expect("config");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let options = ServeOptions {
+            config: Some(path),
+            http_threads: Some(1),
+            ..ServeOptions::default()
+        };
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let _ = rt.block_on(run(options, move |_, addr| {
+                let _ = tx.send(addr);
+            }));
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the node started");
+
+        // Part of a request, then nothing: the node closes the connection without an answer.
+        let mut stalled = TcpStream::connect(addr).expect("connect");
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        stalled
+            .write_all(b"GET /v1/authz/r HTTP/1.1\r\nhost: t\r\n")
+            .expect("write");
+        let mut buf = [0u8; 64];
+        match stalled.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("the stalled request was not cut off: {other:?}"),
+        }
+
+        // A keep-alive connection idle for several timeouts between requests stays open.
+        let mut idle = TcpStream::connect(addr).expect("connect");
+        idle.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        idle.write_all(REQUEST).expect("write");
+        let first = read_head(&mut idle).expect("an answer");
+        assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+        std::thread::sleep(Duration::from_millis(1000));
+        idle.write_all(REQUEST).expect("write");
+        let second = read_head(&mut idle).expect("the idle connection was kept open");
+        assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
