@@ -8,8 +8,8 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::limiter::{AllEntry, AllOutcome, ApiError, CheckRef, Field, Outcome};
+use crate::metrics::Endpoint;
 use levee_core::rule::KeyFrom;
 
 /// Builds the router of the API.
@@ -281,22 +282,27 @@ const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// Adds the rate-limit headers of an outcome. The values are written into one buffer and
-/// handed to the header map as slices of it (two allocations for all of them).
-fn rate_limit_headers(headers: &mut HeaderMap, rule: &str, o: &Outcome) {
+/// The rate-limit headers, in the order [`rate_limit_values`] gives their values.
+const RATE_LIMIT_NAMES: [HeaderName; 6] = [
+    RATELIMIT_POLICY,
+    RATELIMIT,
+    X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
+    header::RETRY_AFTER,
+];
+
+/// The values of the rate-limit headers of an outcome, named by [`RATE_LIMIT_NAMES`]
+/// (`Retry-After` only on a denial). They are written into one buffer and handed out as slices
+/// of it (two allocations for all of them); a value that is not a valid header value (it
+/// cannot be, for a configured rule name) is `None`.
+fn rate_limit_values(rule: &str, o: &Outcome) -> [Option<HeaderValue>; 6] {
     let d = &o.decision;
     let reset_secs = d.reset_after_ms.div_ceil(1000);
     let mut n = itoa::Buffer::new();
     let mut buf = BytesMut::with_capacity(2 * rule.len() + 128);
-    let put = |headers: &mut HeaderMap, name: HeaderName, buf: &mut BytesMut| {
-        if let Ok(v) = HeaderValue::from_maybe_shared(buf.split().freeze()) {
-            headers.insert(name, v);
-        }
-    };
-    for (name, letter, value, unit) in [
-        (RATELIMIT_POLICY, b"q", d.limit, b"w"),
-        (RATELIMIT, b"r", d.remaining, b"t"),
-    ] {
+    let take = |buf: &mut BytesMut| HeaderValue::from_maybe_shared(buf.split().freeze()).ok();
+    let mut structured = |letter: &[u8], value: u64, unit: &[u8], after: u64| {
         buf.extend_from_slice(b"\"");
         buf.extend_from_slice(rule.as_bytes());
         buf.extend_from_slice(b"\";");
@@ -306,26 +312,92 @@ fn rate_limit_headers(headers: &mut HeaderMap, rule: &str, o: &Outcome) {
         buf.extend_from_slice(b";");
         buf.extend_from_slice(unit);
         buf.extend_from_slice(b"=");
-        let after = if unit == b"w" {
-            o.window_secs
-        } else {
-            reset_secs
-        };
         buf.extend_from_slice(n.format(after).as_bytes());
-        put(headers, name, &mut buf);
-    }
-    for (name, value) in [
-        (X_RATELIMIT_LIMIT, d.limit),
-        (X_RATELIMIT_REMAINING, d.remaining),
-        (X_RATELIMIT_RESET, reset_secs),
-    ] {
+        take(&mut buf)
+    };
+    let policy = structured(b"q", d.limit, b"w", o.window_secs);
+    let current = structured(b"r", d.remaining, b"t", reset_secs);
+    let mut number = |value: u64| {
         buf.extend_from_slice(n.format(value).as_bytes());
-        put(headers, name, &mut buf);
+        take(&mut buf)
+    };
+    [
+        policy,
+        current,
+        number(d.limit),
+        number(d.remaining),
+        number(reset_secs),
+        if d.allowed {
+            None
+        } else {
+            number(d.retry_after_ms.div_ceil(1000).max(1))
+        },
+    ]
+}
+
+/// Adds the rate-limit headers of an outcome.
+fn rate_limit_headers(headers: &mut HeaderMap, rule: &str, o: &Outcome) {
+    for (name, value) in RATE_LIMIT_NAMES.into_iter().zip(rate_limit_values(rule, o)) {
+        if let Some(v) = value {
+            headers.insert(name, v);
+        }
     }
-    if !d.allowed {
-        buf.extend_from_slice(n.format(d.retry_after_ms.div_ceil(1000).max(1)).as_bytes());
-        put(headers, header::RETRY_AFTER, &mut buf);
+}
+
+/// The headers of an `/v1/authz` answer with empty values, to be cloned and filled in order:
+/// a clone copies two small arrays, where inserting each header would hash its name and probe
+/// the map. Denials start with `Content-Type` and end with `Retry-After`.
+fn authz_template(denied: bool) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(8);
+    if denied {
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
     }
+    let names = if denied {
+        &RATE_LIMIT_NAMES[..]
+    } else {
+        &RATE_LIMIT_NAMES[..5]
+    };
+    for name in names {
+        h.insert(name.clone(), HeaderValue::from_static(""));
+    }
+    h
+}
+
+/// The headers of an `/v1/authz` answer: `Content-Type` on a denial, then the rate-limit ones.
+fn authz_headers(rule: &str, o: &Outcome) -> HeaderMap {
+    static ALLOWED: LazyLock<HeaderMap> = LazyLock::new(|| authz_template(false));
+    static DENIED: LazyLock<HeaderMap> = LazyLock::new(|| authz_template(true));
+    let denied = !o.decision.allowed;
+    let values = rate_limit_values(rule, o);
+    let wanted = if denied { 6 } else { 5 };
+    if values.iter().filter(|v| v.is_some()).count() == wanted {
+        let mut headers = if denied { &*DENIED } else { &*ALLOWED }.clone();
+        for (slot, value) in headers
+            .values_mut()
+            .skip(usize::from(denied))
+            .zip(values.into_iter().flatten())
+        {
+            *slot = value;
+        }
+        return headers;
+    }
+    // A value that cannot be sent is left out, as for the other answers.
+    let mut headers = HeaderMap::with_capacity(8);
+    if denied {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    for (name, value) in RATE_LIMIT_NAMES.into_iter().zip(values) {
+        if let Some(v) = value {
+            headers.insert(name, v);
+        }
+    }
+    headers
 }
 
 async fn check(State(app): State<Arc<App>>, req: Request) -> Response {
@@ -338,7 +410,7 @@ async fn check(State(app): State<Arc<App>>, req: Request) -> Response {
         .metrics()
         .check_duration
         .record(started.elapsed().as_secs_f64());
-    crate::metrics::http("check", resp.status().as_u16());
+    crate::metrics::http(Endpoint::Check, resp.status().as_u16());
     resp
 }
 
@@ -642,7 +714,7 @@ async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
         .metrics()
         .check_duration
         .record(started.elapsed().as_secs_f64());
-    crate::metrics::http("batch", resp.status().as_u16());
+    crate::metrics::http(Endpoint::Batch, resp.status().as_u16());
     resp
 }
 
@@ -677,7 +749,7 @@ async fn refund(State(app): State<Arc<App>>, req: Request) -> Response {
     }
     .await;
     let resp = result.unwrap_or_else(IntoResponse::into_response);
-    crate::metrics::http("refund", resp.status().as_u16());
+    crate::metrics::http(Endpoint::Refund, resp.status().as_u16());
     resp
 }
 
@@ -717,7 +789,7 @@ fn authz_done(app: &App, started: Instant, status: StatusCode) {
         .metrics()
         .check_duration
         .record(started.elapsed().as_secs_f64());
-    crate::metrics::http("authz", status.as_u16());
+    crate::metrics::http(Endpoint::Authz, status.as_u16());
 }
 
 /// The status of a denial: `deny_status` if given (a 4xx code), else 429.
@@ -768,9 +840,27 @@ fn authz_input<'a>(
         code: "unknown_rule",
         message: format!("rule: no rule named {rule:?} is configured"),
     })?;
-    let key = match &entry.rule.key_from {
-        Some(KeyFrom::Header(name)) => headers
-            .get(name.as_str())
+    let key_header = match &entry.rule.key_from {
+        Some(KeyFrom::Header(name)) => Some(name.as_str()),
+        Some(KeyFrom::Ip) | None => None,
+    };
+    // One pass over the request's few headers instead of a hashed lookup per name; the first
+    // value of each name counts, as `HeaderMap::get` would return it.
+    let (mut key, mut cost, mut class) = (None, None, None);
+    for (name, value) in headers {
+        let name = name.as_str();
+        if key.is_none() && key_header == Some(name) {
+            key = Some(value);
+        }
+        if cost.is_none() && name == "x-ratelimit-cost" {
+            cost = Some(value);
+        }
+        if class.is_none() && name == "x-ratelimit-class" {
+            class = Some(value);
+        }
+    }
+    let key = match key_header {
+        Some(name) => key
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
             .filter(|v| !v.is_empty())
@@ -780,9 +870,9 @@ fn authz_input<'a>(
                 code: "missing_key",
                 message: format!("header {name}: missing or empty"),
             })?,
-        Some(KeyFrom::Ip) | None => client_ip(headers, peer),
+        None => client_ip(headers, peer),
     };
-    let cost = match headers.get("x-ratelimit-cost") {
+    let cost = match cost {
         None => 1,
         Some(v) => v
             .to_str()
@@ -792,9 +882,7 @@ fn authz_input<'a>(
                 ApiError::invalid("header X-RateLimit-Cost: must be a non-negative integer")
             })?,
     };
-    let class = headers
-        .get("x-ratelimit-class")
-        .and_then(|v| v.to_str().ok());
+    let class = class.and_then(|v| v.to_str().ok());
     Ok(AuthzInput { key, cost, class })
 }
 
@@ -816,13 +904,9 @@ fn authz_response(
         body.push(b'}');
         let mut resp = http::Response::new(Full::new(Bytes::from(body)));
         *resp.status_mut() = deny_status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
         resp
     };
-    rate_limit_headers(resp.headers_mut(), rule, out);
+    *resp.headers_mut() = authz_headers(rule, out);
     resp
 }
 
@@ -986,7 +1070,7 @@ async fn usage(
         }
         Err(e) => e.into_response(),
     };
-    crate::metrics::http("usage", resp.status().as_u16());
+    crate::metrics::http(Endpoint::Usage, resp.status().as_u16());
     resp
 }
 
@@ -1015,7 +1099,7 @@ async fn reset(
         ),
         Err(e) => e.into_response(),
     };
-    crate::metrics::http("reset", resp.status().as_u16());
+    crate::metrics::http(Endpoint::Reset, resp.status().as_u16());
     resp
 }
 
@@ -1085,7 +1169,7 @@ async fn reload(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
             ),
         },
     };
-    crate::metrics::http("reload", resp.status().as_u16());
+    crate::metrics::http(Endpoint::Reload, resp.status().as_u16());
     resp
 }
 
@@ -1108,6 +1192,63 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn outcome(allowed: bool) -> Outcome {
+        Outcome {
+            decision: levee_core::Decision {
+                allowed,
+                would_allow: allowed,
+                limit: 100,
+                remaining: if allowed { 42 } else { 0 },
+                reset_after_ms: 1_500,
+                retry_after_ms: if allowed { 0 } else { 2_300 },
+                mode: levee_core::RuleMode::Enforce,
+                degraded: false,
+            },
+            window_secs: 60,
+        }
+    }
+
+    fn listed(h: &HeaderMap) -> Vec<(String, String)> {
+        h.iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_authz_headers_are_the_rate_limit_headers_in_order() {
+        let allowed = listed(&authz_headers("api", &outcome(true)));
+        let expected: Vec<(String, String)> = [
+            ("ratelimit-policy", "\"api\";q=100;w=60"),
+            ("ratelimit", "\"api\";r=42;t=2"),
+            ("x-ratelimit-limit", "100"),
+            ("x-ratelimit-remaining", "42"),
+            ("x-ratelimit-reset", "2"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(allowed, expected);
+        let mut general = HeaderMap::new();
+        rate_limit_headers(&mut general, "api", &outcome(true));
+        assert_eq!(listed(&general), expected);
+
+        let denied = listed(&authz_headers("api", &outcome(false)));
+        let mut general = HeaderMap::new();
+        general.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        rate_limit_headers(&mut general, "api", &outcome(false));
+        assert_eq!(denied, listed(&general));
+        assert_eq!(denied.len(), 7);
+        assert_eq!(
+            denied[0],
+            ("content-type".into(), "application/json".into())
+        );
+        assert_eq!(denied[2], ("ratelimit".into(), "\"api\";r=0;t=2".into()));
+        assert_eq!(denied[6], ("retry-after".into(), "3".into()));
+    }
 
     #[test]
     fn decode_names_the_wrong_field() {
