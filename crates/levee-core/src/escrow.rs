@@ -69,12 +69,11 @@ impl KeyState {
         let now = ctx.now;
         let e = algo.epoch(now);
         let epoch_len = algo.epoch_len(now);
-        self.forecast.sample(now, epoch_len);
+        self.sample_forecast(now, epoch_len);
         let me_owner = ctx.owner == ctx.me;
-        let forecast = if me_owner {
-            self.forecast.expected(epoch_len)
-        } else {
-            0
+        let forecast = match self.forecast() {
+            Some(f) if me_owner => f.expected(epoch_len),
+            _ => 0,
         };
         let split = match target.split {
             Some(s) => s.to_vec(),

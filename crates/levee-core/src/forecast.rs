@@ -20,42 +20,43 @@ pub struct Forecast {
     long: f64,
     short: f64,
     last_at: Millis,
-    /// Tokens requested since the last sample.
-    pending: u64,
     disagree: u8,
     primed: bool,
     started: bool,
 }
 
 impl Forecast {
-    /// Counts `tokens` requested (admitted or not) towards the next sample.
-    #[inline]
-    pub fn add(&mut self, tokens: u64) {
-        self.pending = self.pending.saturating_add(tokens);
+    /// A forecast whose clock starts at `now`: the next sample measures from there.
+    pub fn starting_at(now: Millis) -> Forecast {
+        Forecast {
+            last_at: now,
+            started: true,
+            ..Forecast::default()
+        }
     }
 
-    /// Takes a sample at time `now` of what [`Forecast::add`] counted since the last one;
-    /// `epoch_ms` is the rule's window (or period) length, which sets the memory. The first
-    /// sample only starts the clock: what was requested before it is not a rate.
-    pub fn sample(&mut self, now: Millis, epoch_ms: Millis) {
+    /// Takes a sample at time `now` of the `requested` tokens (admitted or not) since the last
+    /// one; `epoch_ms` is the rule's window (or period) length, which sets the memory. Returns
+    /// whether the sample was taken (the caller then starts counting from zero); it is not
+    /// when no time has passed. The first sample of a forecast that was not started only
+    /// starts the clock: what was requested before it is not a rate.
+    pub fn sample(&mut self, now: Millis, requested: u64, epoch_ms: Millis) -> bool {
         if !self.started {
             self.started = true;
             self.last_at = now;
-            self.pending = 0;
-            return;
+            return true;
         }
         if now <= self.last_at {
-            return;
+            return false;
         }
         let dt = (now - self.last_at) as f64;
-        let rate = self.pending as f64 / dt;
+        let rate = requested as f64 / dt;
         self.last_at = now;
-        self.pending = 0;
         if !self.primed {
             self.long = rate;
             self.short = rate;
             self.primed = true;
-            return;
+            return true;
         }
         let epoch = epoch_ms.max(1) as f64;
         let alpha = |tau: f64| 1.0 - (-dt / tau).exp();
@@ -74,6 +75,7 @@ impl Forecast {
         } else {
             self.disagree = 0;
         }
+        true
     }
 
     /// Expected demand over `ms` milliseconds, in tokens (rounded up).
@@ -100,15 +102,14 @@ mod tests {
         let mut now = f.last_at;
         for r in rates {
             now += step;
-            f.add((r * step as f64) as u64);
-            f.sample(now, epoch);
+            assert!(f.sample(now, (r * step as f64) as u64, epoch));
         }
     }
 
     #[test]
     fn steady_demand_is_forecast_exactly() {
         let mut f = Forecast::default();
-        f.sample(0, 1000);
+        f.sample(0, 0, 1000);
         feed(&mut f, &[1.0; 100], 20, 1000);
         assert_eq!(f.expected(1000), 1000);
     }
@@ -116,7 +117,7 @@ mod tests {
     #[test]
     fn noise_does_not_move_the_long_memory_much() {
         let mut f = Forecast::default();
-        f.sample(0, 1000);
+        f.sample(0, 0, 1000);
         feed(&mut f, &[1.0; 50], 20, 1000);
         // One dip to zero for a single sample: the forecast barely moves.
         feed(&mut f, &[0.0], 20, 1000);
@@ -126,7 +127,7 @@ mod tests {
     #[test]
     fn a_real_shift_is_followed_within_a_few_samples() {
         let mut f = Forecast::default();
-        f.sample(0, 1000);
+        f.sample(0, 0, 1000);
         feed(&mut f, &[1.0; 50], 20, 1000);
         feed(&mut f, &[10.0; 12], 20, 1000);
         assert!(f.rate() > 5.0, "rate {}", f.rate());

@@ -73,17 +73,27 @@ pub enum MergeError {
 
 /// One key's state: the replicated CRDT and private bookkeeping.
 ///
-/// A store holds one per key on every node, so its size is the node's memory per key: the
-/// common key (a token bucket or a window decided by one node) lives inline, in one
-/// allocation with the store's entry; only optimistic mode's allowance is out of line.
+/// A store holds one per key on every node, so its size is the node's memory per key. The
+/// common key lives inline, in one allocation with the store's entry (128 bytes here). Out of
+/// line, and only where needed, is the demand forecast — on nodes that see requests for the
+/// key in more than one gossip interval — and optimistic mode's allowance.
 #[derive(Debug, Clone, Default)]
 pub struct KeyState {
     pub(crate) crdt: KeyCrdt,
+    /// Tokens requested at this node (admitted or not) that the forecast has not sampled.
+    requested: u64,
+    cold: Option<Box<Cold>>,
     dirty: Dirty,
-    /// This node's demand for the key (tokens requested here, admitted or not), for the
-    /// escrow's rebalancing and optimistic claims.
+    /// A sample saw requests while there was no forecast: the next one that does starts it.
+    demand_seen: bool,
+}
+
+/// The out-of-line part of a key's state.
+#[derive(Debug, Clone)]
+pub(crate) struct Cold {
+    /// This node's demand for the key, for the escrow's rebalancing and optimistic claims.
     pub(crate) forecast: Forecast,
-    /// Optimistic mode's bookkeeping, out of line: strict keys never allocate it.
+    /// Optimistic mode's bookkeeping (strict keys never allocate it).
     optimistic: Option<Box<Optimistic>>,
 }
 
@@ -478,8 +488,47 @@ impl KeyState {
         self.crdt.is_empty()
     }
 
-    fn optimistic_mut(&mut self) -> &mut Optimistic {
-        self.optimistic.get_or_insert_with(Box::default)
+    /// The out-of-line part, created (with a forecast whose clock starts at `now`) if missing.
+    fn cold_mut(&mut self, now: Millis) -> &mut Cold {
+        self.cold.get_or_insert_with(|| {
+            Box::new(Cold {
+                forecast: Forecast::starting_at(now),
+                optimistic: None,
+            })
+        })
+    }
+
+    fn optimistic_mut(&mut self, now: Millis) -> &mut Optimistic {
+        self.cold_mut(now)
+            .optimistic
+            .get_or_insert_with(Box::default)
+    }
+
+    /// This node's demand forecast for the key, if it keeps one.
+    pub(crate) fn forecast(&self) -> Option<&Forecast> {
+        self.cold.as_ref().map(|c| &c.forecast)
+    }
+
+    /// Feeds the demand forecast what was requested here since its last sample. A key whose
+    /// requests all fell in one gossip interval gets no forecast (it could not be primed
+    /// before a second sample with requests anyway): the forecast starts at the second
+    /// sample that sees requests, so a key used once costs no allocation.
+    pub(crate) fn sample_forecast(&mut self, now: Millis, epoch_len: Millis) {
+        let requested = self.requested;
+        match self.cold.as_mut() {
+            Some(c) => {
+                if c.forecast.sample(now, requested, epoch_len) {
+                    self.requested = 0;
+                }
+            }
+            None if requested == 0 => {}
+            None => {
+                self.requested = 0;
+                if std::mem::replace(&mut self.demand_seen, true) {
+                    self.cold_mut(now);
+                }
+            }
+        }
     }
 
     pub(crate) fn mark_demand_dirty(&mut self) {
@@ -672,8 +721,8 @@ impl KeyState {
         // most: claims can keep growing, a round at a time), plus a margin for noise (10 %,
         // or two standard deviations of a Poisson count); everything it can get until its
         // demand has been measured.
-        let want = match self.forecast {
-            f if f.is_primed() => {
+        let want = match self.forecast() {
+            Some(f) if f.is_primed() => {
                 let len = algo.epoch_len(ctx.now);
                 let ahead = (algo.epoch_end(e) - ctx.now)
                     .min(len / 2)
@@ -690,8 +739,9 @@ impl KeyState {
         // first decision in the epoch, and all epoch for a region that claimed in the epoch
         // before. During the grace period they also hold back rounds after the first.
         let first = self
-            .optimistic
+            .cold
             .as_ref()
+            .and_then(|c| c.optimistic.as_ref())
             .map_or((0, 0), |o| o.first_decision);
         let grace = CLAIM_GRACE_MS.min(algo.epoch_len(ctx.now) / 2);
         let in_grace = first.0 != e || ctx.now < first.1.saturating_add(grace);
@@ -821,7 +871,7 @@ impl KeyState {
             return;
         }
         let len = target.algorithm.epoch_len(ctx.now);
-        self.forecast.sample(ctx.now, len);
+        self.sample_forecast(ctx.now, len);
     }
 
     fn eval_sliding(
@@ -1052,8 +1102,9 @@ impl KeyState {
     /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
     fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
         let a = self
-            .optimistic
+            .cold
             .as_ref()
+            .and_then(|c| c.optimistic.as_ref())
             .map(|o| o.allowance)
             .unwrap_or_default();
         if a.valid && a.sync_gen == ctx.view.sync_gen && a.epoch == epoch {
@@ -1091,15 +1142,16 @@ impl KeyState {
             }
             self.dirty.tallies = true;
         }
-        self.forecast.add(cost);
+        self.requested = self.requested.saturating_add(cost);
         if ctx.view.consistency == Consistency::Optimistic
             && windowed(algo)
             && self
-                .optimistic
+                .cold
                 .as_ref()
+                .and_then(|c| c.optimistic.as_ref())
                 .is_none_or(|o| o.first_decision.0 != ev.epoch)
         {
-            self.optimistic_mut().first_decision = (ev.epoch, now);
+            self.optimistic_mut(now).first_decision = (ev.epoch, now);
         }
         if let Some(c) = ev.next_claim {
             self.crdt.claims.raise(c);
@@ -1119,7 +1171,7 @@ impl KeyState {
                     Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
                     _ => i128::from(cost),
                 };
-                self.optimistic_mut().allowance = a;
+                self.optimistic_mut(now).allowance = a;
             }
             if let Algorithm::TokenBucket { .. } = algo {
                 self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
