@@ -2,9 +2,12 @@
 //!
 //! Requests are scheduled at the target rate whatever the server does; each connection sends
 //! its next request at its scheduled time, or at once if the previous answer came late. The
-//! latency of a request is measured from its *scheduled* time, so a stalled server shows up in
-//! the high percentiles instead of silently slowing the generator down (coordinated omission,
-//! corrected as wrk2 does). Latencies go into an HDR histogram.
+//! latency of a request sent late because the previous answer came late is measured from its
+//! *scheduled* time, so a stalled server shows up in the high percentiles instead of silently
+//! slowing the generator down (coordinated omission, corrected as wrk2 does). A request whose
+//! connection was free is measured from when it was sent: the generator's timer (tokio's, with
+//! millisecond resolution) wakes up to a millisecond after the scheduled time, and that
+//! lateness is the generator's, not the server's. Latencies go into an HDR histogram.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -265,10 +268,16 @@ async fn connection(
         let mut due = phase_start + interval.mul_f64(c as f64 / conns as f64);
         let end = phase_start + len;
         while due < end {
-            let now = Instant::now();
-            if due > now {
+            // Latency counts from the scheduled time when the send is late because this
+            // connection was still waiting for an answer (coordinated omission corrected: a
+            // slow answer delays the next send, and that delay is counted, not hidden). When the
+            // connection was free and the send waited on the generator's own timer, which
+            // wakes up to a millisecond late, it counts from the send.
+            let late_by_answer = Instant::now() >= due;
+            if !late_by_answer {
                 tokio::time::sleep_until(due.into()).await;
             }
+            let from = if late_by_answer { due } else { Instant::now() };
             let req = request(&args, &host, &prefix, &mut rng);
             counters.sent.fetch_add(1, Ordering::Relaxed);
             match sender.send_request(req).await {
@@ -310,9 +319,7 @@ async fn connection(
                     return hist;
                 }
             }
-            // Latency from the scheduled time: a late answer delays the next send, and that
-            // delay is counted, not hidden.
-            let latency = Instant::now().saturating_duration_since(due);
+            let latency = Instant::now().saturating_duration_since(from);
             let _ = hist.record((latency.as_micros() as u64).max(1));
             due += interval;
         }
