@@ -345,6 +345,27 @@ fn sigterm_stops_the_node_with_exit_code_0() {
     assert_eq!(status.code(), Some(0), "stderr:\n{}", node.stderr());
 }
 
+/// Levee turns transparent huge pages off for its own process (docs/configuration.md), so
+/// its allocator does not hold tens of megabytes of 2 MiB pages on hosts where they are
+/// `always`. Linux reports the process flag as `THP_enabled` in /proc/PID/status (since 5.0).
+#[test]
+#[cfg(target_os = "linux")]
+fn the_node_runs_with_transparent_huge_pages_off() {
+    let node = Node::start(CONFIG);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid()))
+        .expect("the node's /proc status");
+    let field = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    assert_eq!(
+        field,
+        Some("0"),
+        "THP_enabled in /proc/{}/status",
+        node.pid()
+    );
+}
+
 #[test]
 fn config_check_accepts_a_valid_file() {
     let dir = tempfile::tempdir().expect("tempdir");
