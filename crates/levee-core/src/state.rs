@@ -498,6 +498,11 @@ impl KeyState {
         })
     }
 
+    /// Optimistic mode's bookkeeping, if this node keeps any for the key.
+    fn optimistic(&self) -> Option<&Optimistic> {
+        self.cold.as_ref()?.optimistic.as_deref()
+    }
+
     fn optimistic_mut(&mut self, now: Millis) -> &mut Optimistic {
         self.cold_mut(now)
             .optimistic
@@ -738,11 +743,7 @@ impl KeyState {
         // their first claim may be on its way: during the grace period after this node's
         // first decision in the epoch, and all epoch for a region that claimed in the epoch
         // before. During the grace period they also hold back rounds after the first.
-        let first = self
-            .cold
-            .as_ref()
-            .and_then(|c| c.optimistic.as_ref())
-            .map_or((0, 0), |o| o.first_decision);
+        let first = self.optimistic().map_or((0, 0), |o| o.first_decision);
         let grace = CLAIM_GRACE_MS.min(algo.epoch_len(ctx.now) / 2);
         let in_grace = first.0 != e || ctx.now < first.1.saturating_add(grace);
         let slot = self.crdt.slot(e);
@@ -1101,12 +1102,7 @@ impl KeyState {
 
     /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
     fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
-        let a = self
-            .cold
-            .as_ref()
-            .and_then(|c| c.optimistic.as_ref())
-            .map(|o| o.allowance)
-            .unwrap_or_default();
+        let a = self.optimistic().map(|o| o.allowance).unwrap_or_default();
         if a.valid && a.sync_gen == ctx.view.sync_gen && a.epoch == epoch {
             a
         } else {
@@ -1146,9 +1142,7 @@ impl KeyState {
         if ctx.view.consistency == Consistency::Optimistic
             && windowed(algo)
             && self
-                .cold
-                .as_ref()
-                .and_then(|c| c.optimistic.as_ref())
+                .optimistic()
                 .is_none_or(|o| o.first_decision.0 != ev.epoch)
         {
             self.optimistic_mut(now).first_decision = (ev.epoch, now);
