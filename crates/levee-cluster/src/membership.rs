@@ -94,14 +94,6 @@ impl Membership {
             })
             .fold(RegionMask::EMPTY, RegionMask::with)
     }
-
-    /// Whether any peer is reachable.
-    pub fn any_peer_reachable(&self) -> bool {
-        self.reachable
-            .iter()
-            .enumerate()
-            .any(|(i, &r)| r && i != usize::from(self.me.0))
-    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,8 @@ impl Net {
                     gossip_interval: TICK,
                     suspect_after: 300,
                     anti_entropy_interval: 200,
+                    forward_timeout: 500,
+                    tick_phase: 0,
                 };
                 (
                     Cluster::new(cfg, T0),
@@ -128,7 +130,7 @@ impl Net {
             if (self.now - T0) % TICK == 0 {
                 for i in 0..self.nodes.len() {
                     let (cluster, store) = &mut self.nodes[i];
-                    cluster.handle_tick(self.now, store);
+                    cluster.handle_timeout(self.now, store);
                 }
                 self.flush();
             }
@@ -197,7 +199,13 @@ fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
         .unwrap();
     net.isolate(1, true);
     net.run(400);
-    assert!(!net.nodes[0].0.is_reachable(NodeIdx(1)));
+    assert!(
+        net.nodes[0]
+            .0
+            .peers_status(net.now)
+            .iter()
+            .any(|p| p.node == NodeIdx(1) && !p.reachable)
+    );
     let moved = net.nodes[0].0.owner(key.as_bytes());
     assert_ne!(moved, NodeIdx(1));
     assert_eq!(
@@ -276,6 +284,8 @@ fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
         gossip_interval: TICK,
         suspect_after: 300,
         anti_entropy_interval: 200,
+        forward_timeout: 500,
+        tick_phase: 0,
     };
     net.nodes[0].0 = Cluster::new(cfg, net.now);
     net.nodes[0].1.clear();
@@ -410,6 +420,8 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
         gossip_interval: TICK,
         suspect_after: 300,
         anti_entropy_interval: 200,
+        forward_timeout: 500,
+        tick_phase: 0,
     };
     net.nodes[0].0 = Cluster::new(cfg, net.now);
     net.nodes[0].1.clear();
@@ -525,6 +537,8 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
         gossip_interval: TICK,
         suspect_after: 300,
         anti_entropy_interval: 200,
+        forward_timeout: 500,
+        tick_phase: 0,
     };
     let mut cluster = Cluster::new(cfg, T0);
     let mut store = MemoryStates::new(NodeIdx(0), set, vec![window_rule(100)]);
@@ -534,7 +548,7 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
     }
     // Nobody answered its own pull within suspect_after: it starts from what it has.
     let mut now = T0 + 320;
-    cluster.handle_tick(now, &mut store);
+    cluster.handle_timeout(now, &mut store);
     assert!(cluster.is_synced());
     while cluster.poll_transmit().is_some() {}
     // Every key's state, counted per key, and the keys sent per step.
@@ -560,7 +574,7 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
     assert!(drain(&mut cluster, &mut seen, &mut done) <= PUSH_KEYS_PER_TICK);
     for _ in 0..10 {
         now += TICK;
-        cluster.handle_tick(now, &mut store);
+        cluster.handle_timeout(now, &mut store);
         let mut n = drain(&mut cluster, &mut seen, &mut done);
         if done == 0 {
             // The requester asks again meanwhile (its retry timer): the answer already

@@ -11,10 +11,10 @@ use serde::Serialize;
 
 use crate::config::{Config, ConfigError};
 use crate::limiter::{ApiError, CheckRef, Clock, Limiter, Outcome};
-use crate::replication::Replication;
+use crate::replication::{ClusterHost, Replication};
+use levee_cluster::Route;
 use levee_core::{Decision, RuleMode};
 use levee_proto::{ForwardCheck, ForwardDecision};
-use std::sync::OnceLock;
 
 /// Everything the HTTP handlers and background tasks share.
 pub struct App {
@@ -29,7 +29,7 @@ pub struct App {
     /// The Prometheus exposition.
     pub prometheus: &'static PrometheusHandle,
     /// The cluster side, when the node runs in a cluster.
-    pub replication: OnceLock<Arc<Replication>>,
+    pub replication: Option<Arc<Replication>>,
 }
 
 /// `/v1/cluster` for a node.
@@ -85,8 +85,14 @@ pub struct RegionStatus {
 }
 
 impl App {
-    /// A node's state for a configuration.
-    pub fn new(config: Config, clock: Clock, prometheus: &'static PrometheusHandle) -> App {
+    /// A node's state for a configuration; `replication` when it runs in a cluster (started
+    /// first with [`Replication::start`], then run with [`Replication::run`] on this app).
+    pub fn new(
+        config: Config,
+        clock: Clock,
+        prometheus: &'static PrometheusHandle,
+        replication: Option<Arc<Replication>>,
+    ) -> App {
         let limiter = Limiter::new(&config, clock);
         App {
             config: ArcSwap::from_pointee(config),
@@ -94,7 +100,7 @@ impl App {
             ready: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             prometheus,
-            replication: OnceLock::new(),
+            replication,
         }
     }
 
@@ -205,7 +211,7 @@ impl App {
                 })
                 .collect(),
         };
-        let peers = match (self.replication.get(), &config.cluster) {
+        let peers = match (self.replication.as_ref(), &config.cluster) {
             (Some(repl), Some(c)) => repl
                 .peers(self.limiter.clock.now_ms())
                 .into_iter()
@@ -239,27 +245,30 @@ impl App {
 
     /// The id of the node that owns `key` in this node's region (this node when alone).
     pub fn owner_of(&self, key: &str) -> String {
-        match self.replication.get() {
+        match self.replication.as_ref() {
             Some(repl) => repl.id_of(repl.owner(key)).to_owned(),
             None => self.config.load().node.id.clone(),
         }
     }
 
-    /// Decides a check where it belongs: here if this node owns the key (or runs alone),
-    /// else at the owner in this region; alone, under this node's conservative cap, if the
-    /// owner is unreachable or does not answer in time.
+    /// Decides a check where it belongs ([`Replication::route`]): here if this node owns the
+    /// key (or runs alone), else at the owner in this region; alone, under this node's
+    /// conservative cap, if the owner is unreachable or does not answer in time.
     pub async fn check(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
-        let Some(repl) = self.replication.get() else {
+        let Some(repl) = self.replication.as_ref() else {
             return self.limiter.check(req);
         };
-        let owner = repl.owner(req.key);
-        if owner == repl.me() {
-            return self.limiter.check(req);
-        }
+        let owner = match repl.route(req.key) {
+            Route::Local => return self.limiter.check(req),
+            Route::Owner(owner) => owner,
+            Route::Alone => {
+                self.limiter.validate(req)?;
+                return self.limiter.check_with(req, true);
+            }
+        };
         self.limiter.validate(req)?;
-        if repl.is_reachable(owner)
-            && let Some(d) = repl.forward(owner, forward_check(req, false)).await
-        {
+        let now = self.limiter.clock.now_ms();
+        if let Some(d) = repl.forward(owner, forward_check(req, false), now).await {
             return self
                 .limiter
                 .outcome_of(req, decision_of(d, &self.limiter, req));
@@ -270,7 +279,7 @@ impl App {
     /// Decides several checks, each on its own, in order, each where it belongs. Every check
     /// is validated before any is decided.
     pub async fn batch(&self, checks: &[CheckRef<'_>]) -> Result<Vec<Outcome>, ApiError> {
-        if self.replication.get().is_none() {
+        if self.replication.as_ref().is_none() {
             return self.limiter.batch(checks);
         }
         for (i, c) in checks.iter().enumerate() {
@@ -288,51 +297,25 @@ impl App {
 
     /// Gives tokens back where the key's consumption is counted (its owner).
     pub async fn refund(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
-        let Some(repl) = self.replication.get() else {
+        let Some(repl) = self.replication.as_ref() else {
             return self.limiter.refund(req.rule, req.key, req.cost, req.class);
         };
-        let owner = repl.owner(req.key);
-        if owner != repl.me() {
-            self.limiter.validate(req)?;
-            if repl.is_reachable(owner)
-                && let Some(d) = repl.forward(owner, forward_check(req, true)).await
-            {
-                return self
-                    .limiter
-                    .outcome_of(req, decision_of(d, &self.limiter, req));
+        let alone = match repl.route(req.key) {
+            Route::Local => false,
+            Route::Alone => true,
+            Route::Owner(owner) => {
+                self.limiter.validate(req)?;
+                let now = self.limiter.clock.now_ms();
+                if let Some(d) = repl.forward(owner, forward_check(req, true), now).await {
+                    return self
+                        .limiter
+                        .outcome_of(req, decision_of(d, &self.limiter, req));
+                }
+                true
             }
-        }
-        self.limiter
-            .refund_with(req.rule, req.key, req.cost, req.class, owner != repl.me())
-    }
-
-    /// Decides a check forwarded by a region-mate, as the key's owner. `None` if it cannot be
-    /// decided here (the forwarder then decides alone).
-    pub fn decide_forwarded(&self, c: &ForwardCheck) -> Option<ForwardDecision> {
-        let req = CheckRef {
-            rule: &c.rule,
-            key: &c.key,
-            cost: c.cost,
-            class: c.class.as_deref(),
-            idempotency_key: c.idempotency_key.as_deref(),
-            dry_run: c.dry_run,
         };
-        let out = if c.refund {
-            self.limiter.refund(req.rule, req.key, req.cost, req.class)
-        } else {
-            self.limiter.check(req)
-        }
-        .ok()?;
-        let d = out.decision;
-        Some(ForwardDecision {
-            allowed: d.allowed,
-            would_allow: d.would_allow,
-            limit: d.limit,
-            remaining: d.remaining,
-            reset_after_ms: d.reset_after_ms,
-            retry_after_ms: d.retry_after_ms,
-            degraded: d.degraded,
-        })
+        self.limiter
+            .refund_with(req.rule, req.key, req.cost, req.class, alone)
     }
 
     /// Marks the node ready (or not).
@@ -341,7 +324,7 @@ impl App {
     }
 }
 
-/// Which changed setting a reload cannot apply (addresses, identity, cluster membership).
+/// A check as it is forwarded to its owner.
 fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
     ForwardCheck {
         rule: req.rule.to_owned(),
@@ -372,6 +355,7 @@ fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'_>) -> Deci
     }
 }
 
+/// Which changed setting a reload cannot apply (addresses, identity, cluster membership).
 fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     if old.node.http != new.node.http {
         return Some("node.http");
@@ -401,4 +385,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl ClusterHost for App {
+    fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    fn synced(&self) {
+        if !self.shutting_down.load(Ordering::Acquire) {
+            self.set_ready(true);
+        }
+    }
 }

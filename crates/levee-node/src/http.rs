@@ -971,7 +971,7 @@ impl hyper::service::Service<Request<Incoming>> for Api {
 
     fn call(&self, mut req: Request<Incoming>) -> ApiFuture {
         if let Some(rule) = direct_authz_rule(req.uri())
-            && self.app.replication.get().is_none()
+            && self.app.replication.is_none()
         {
             let started = Instant::now();
             let resp = match authz_input(&self.app, rule, self.peer, req.headers()) {

@@ -1,31 +1,35 @@
-//! The node's side of the cluster: the protocol state machine (`levee-cluster`) driven by a
-//! gossip ticker and the QUIC transport (`levee-transport`), and the forwarding of checks to
-//! their owners.
+//! The node's side of the cluster: the protocol state machine (`levee-cluster`) driven by
+//! its timer, the QUIC transport (`levee-transport`) and the node's decision path.
 //!
-//! The state machine sits behind one mutex; the ticker and the inbound loop hold it only to
-//! feed it and drain what it wants sent, and never across an await. A check whose key another
-//! node of this region owns is forwarded to that owner (checks to one owner are batched: while
-//! one batch is in flight the next one gathers); if the owner is unreachable, or does not
-//! answer in time, this node decides alone under its own conservative cap and says
-//! `degraded: true`. No decision ever waits on another region.
+//! The state machine sits behind one mutex; the timer task, the inbound task and the
+//! forwarders hold it only to feed it and drain what it wants sent and what it reports, and
+//! never across an await. A check whose key another node of this region owns is forwarded
+//! to that owner through the machine ([`Cluster::forward`]; checks to one owner are batched:
+//! while one batch is in flight the next one gathers); if the owner is unreachable, or does
+//! not answer within `forward_timeout`, this node decides alone under its own conservative
+//! cap and says `degraded: true`. No decision ever waits on another region.
+//!
+//! The driver knows the node it runs in only as a [`ClusterHost`]: its limiter and its
+//! readiness.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use levee_cluster::{Cluster, ClusterConfig, Outgoing};
+use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Outgoing, Route};
 use levee_core::{Millis, NodeIdx};
-use levee_proto::{ForwardCheck, ForwardDecision, Hello, Message};
+use levee_proto::{ForwardCheck, ForwardDecision, Hello};
 use levee_transport::{Inbound, PeerAddr, TlsFiles, Transport, TransportConfig};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
-use crate::app::App;
 use crate::config::Config;
+use crate::limiter::{CheckRef, Limiter};
 use crate::states::{NodeDigest, NodeStates};
 
 /// How long a forwarded batch may take before the forwarder decides alone.
-const FORWARD_TIMEOUT_MAX: Duration = Duration::from_millis(500);
+const FORWARD_TIMEOUT_MAX: Millis = 500;
 /// Most checks in one forwarded batch.
 const FORWARD_BATCH: usize = 256;
 /// How often a node sends one peer an anti-entropy digest.
@@ -42,10 +46,22 @@ pub enum ReplicationError {
     Transport(#[from] levee_transport::TransportError),
 }
 
+/// What the cluster driver needs of the node it runs in.
+pub trait ClusterHost: Send + Sync + 'static {
+    /// The node's rules, keys and decisions.
+    fn limiter(&self) -> &Limiter;
+    /// The node has pulled the cluster's state: it may answer `/readyz` with 200.
+    fn synced(&self);
+}
+
 struct Job {
     check: ForwardCheck,
+    /// When it was asked (the node's clock).
+    now: Millis,
     reply: oneshot::Sender<Option<ForwardDecision>>,
 }
+
+type Answer = Option<Vec<Option<ForwardDecision>>>;
 
 /// The running cluster side of a node.
 pub struct Replication {
@@ -56,14 +72,19 @@ pub struct Replication {
     ids: Vec<String>,
     me: NodeIdx,
     forwarders: Vec<Option<mpsc::Sender<Job>>>,
-    forward_timeout: Duration,
-    next_request: AtomicU64,
+    /// Forwarded batches waiting for the machine's answer; filled while `cluster` is locked.
+    waiting: Mutex<HashMap<ForwardId, oneshot::Sender<Answer>>>,
+    /// When the timer task will next wake (ms); a forward due earlier wakes it.
+    timer_at: AtomicU64,
+    wake_timer: Notify,
     /// `cluster.suspect_after`, ms.
     suspect_after: Millis,
 }
 
 impl Replication {
-    /// Starts the transport and the state machine for `config` (which has `[cluster]`).
+    /// Starts the transport and the state machine for `config` (which has `[cluster]`); the
+    /// forwarders start too. The timer and the inbound loop are started by
+    /// [`Replication::run`] once the node's host exists.
     pub async fn start(
         config: &Config,
         now: Millis,
@@ -113,19 +134,20 @@ impl Replication {
             },
         };
         let (transport, inbound) = Transport::start(transport_cfg).await?;
+        let suspect_after = cluster_cfg.suspect_after.as_millis();
         let state = Cluster::new(
             ClusterConfig {
                 me,
                 replicas: replicas.clone(),
                 consistency: cluster_cfg.mode,
                 gossip_interval: cluster_cfg.gossip_interval.as_millis(),
-                suspect_after: cluster_cfg.suspect_after.as_millis(),
+                suspect_after,
                 anti_entropy_interval: ANTI_ENTROPY_INTERVAL,
+                forward_timeout: suspect_after.min(FORWARD_TIMEOUT_MAX),
+                tick_phase: 0,
             },
             now,
         );
-        let forward_timeout =
-            Duration::from_millis(cluster_cfg.suspect_after.as_millis()).min(FORWARD_TIMEOUT_MAX);
         let mut forwarders = Vec::with_capacity(ids.len());
         let mut receivers = Vec::new();
         let my_region = replicas.region_of(me);
@@ -145,14 +167,31 @@ impl Replication {
             ids,
             me,
             forwarders,
-            forward_timeout,
-            next_request: AtomicU64::new(1),
-            suspect_after: cluster_cfg.suspect_after.as_millis(),
+            waiting: Mutex::new(HashMap::new()),
+            timer_at: AtomicU64::new(0),
+            wake_timer: Notify::new(),
+            suspect_after,
         });
         for (owner, rx) in receivers {
             tokio::spawn(forward_loop(Arc::clone(&repl), owner, rx));
         }
         Ok((repl, inbound))
+    }
+
+    /// Starts the timer and the inbound loop for the node `host`, until `stop`.
+    pub fn run<H: ClusterHost>(
+        self: &Arc<Self>,
+        host: Arc<H>,
+        inbound: mpsc::Receiver<Inbound>,
+        stop: watch::Receiver<bool>,
+    ) {
+        tokio::spawn(run_inbound(Arc::clone(&host), Arc::clone(self), inbound));
+        tokio::spawn(run_timer(host, Arc::clone(self), stop));
+    }
+
+    /// Where a check of `key` is decided.
+    pub fn route(&self, key: &str) -> Route {
+        self.cluster.lock().route(key.as_bytes())
     }
 
     /// The owner of `key` in this node's region.
@@ -163,11 +202,6 @@ impl Replication {
     /// This node.
     pub fn me(&self) -> NodeIdx {
         self.me
-    }
-
-    /// Whether a peer is reachable.
-    pub fn is_reachable(&self, peer: NodeIdx) -> bool {
-        self.cluster.lock().is_reachable(peer)
     }
 
     /// Whether the node has pulled the cluster's state.
@@ -185,11 +219,17 @@ impl Replication {
         &self.ids[usize::from(n.0)]
     }
 
-    /// Forwards a check to its owner; `None` when the owner could not decide in time.
-    pub async fn forward(&self, owner: NodeIdx, check: ForwardCheck) -> Option<ForwardDecision> {
+    /// Forwards a check, asked at `now`, to its owner; `None` when the owner could not
+    /// decide in time.
+    pub async fn forward(
+        &self,
+        owner: NodeIdx,
+        check: ForwardCheck,
+        now: Millis,
+    ) -> Option<ForwardDecision> {
         let tx = self.forwarders.get(usize::from(owner.0))?.as_ref()?;
         let (reply, rx) = oneshot::channel();
-        tx.try_send(Job { check, reply }).ok()?;
+        tx.try_send(Job { check, now, reply }).ok()?;
         rx.await.ok().flatten()
     }
 
@@ -199,19 +239,101 @@ impl Replication {
         }
     }
 
+    /// Acts on what the machine reported (called without the machine's lock).
+    fn dispatch<H: ClusterHost>(self: &Arc<Self>, host: &Arc<H>, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::ViewChanged(view) => host.limiter().set_view(view),
+                Event::Synced => host.synced(),
+                Event::PeerUp(n) => tracing::info!(peer = %self.id_of(n), "peer reachable"),
+                Event::PeerDown(n) => {
+                    tracing::warn!(peer = %self.id_of(n), "peer unreachable (not heard within suspect_after)");
+                }
+                Event::RegionReachable(r) => {
+                    let rules = host.limiter().rules();
+                    tracing::info!(region = %rules.replicas.region_name(r), "region reachable");
+                }
+                Event::RegionUnreachable(r) => {
+                    let rules = host.limiter().rules();
+                    tracing::warn!(region = %rules.replicas.region_name(r), "region unreachable: deciding under conservative caps");
+                }
+                Event::ForwardReceived { from, id, checks } => {
+                    let host = Arc::clone(host);
+                    let repl = Arc::clone(self);
+                    tokio::spawn(async move {
+                        let decisions = checks
+                            .iter()
+                            .map(|c| decide_forwarded(host.limiter(), c))
+                            .collect();
+                        let now = host.limiter().clock.now_ms();
+                        let (out, events) = {
+                            let mut c = repl.cluster.lock();
+                            c.answer_forward(from, id, decisions, now);
+                            drain(&mut c)
+                        };
+                        repl.send_all(out);
+                        repl.dispatch(&host, events);
+                    });
+                }
+                Event::ForwardAnswered { id, decisions } => {
+                    if let Some(tx) = self.waiting.lock().remove(&id) {
+                        let _ = tx.send(Some(decisions));
+                    }
+                }
+                Event::ForwardFailed { id } => {
+                    if let Some(tx) = self.waiting.lock().remove(&id) {
+                        let _ = tx.send(None);
+                    }
+                }
+            }
+        }
+    }
+
     /// Stops the transport.
     pub async fn shutdown(&self) {
         self.transport.shutdown().await;
     }
 }
 
-fn drain(cluster: &mut Cluster) -> Vec<Outgoing> {
-    std::iter::from_fn(|| cluster.poll_transmit()).collect()
+/// Decides a check forwarded by a region-mate, as the key's owner. `None` if it cannot be
+/// decided here (the forwarder then decides alone).
+pub fn decide_forwarded(limiter: &Limiter, c: &ForwardCheck) -> Option<ForwardDecision> {
+    let req = CheckRef {
+        rule: &c.rule,
+        key: &c.key,
+        cost: c.cost,
+        class: c.class.as_deref(),
+        idempotency_key: c.idempotency_key.as_deref(),
+        dry_run: c.dry_run,
+    };
+    let out = if c.refund {
+        limiter.refund(req.rule, req.key, req.cost, req.class)
+    } else {
+        limiter.check(req)
+    }
+    .ok()?;
+    let d = out.decision;
+    Some(ForwardDecision {
+        allowed: d.allowed,
+        would_allow: d.would_allow,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_ms: d.reset_after_ms,
+        retry_after_ms: d.retry_after_ms,
+        degraded: d.degraded,
+    })
 }
 
-/// Sends batches of checks to one owner, one batch in flight at a time.
+/// What the machine queued: messages to send and events to act on.
+fn drain(cluster: &mut Cluster) -> (Vec<Outgoing>, Vec<Event>) {
+    (
+        std::iter::from_fn(|| cluster.poll_transmit()).collect(),
+        std::iter::from_fn(|| cluster.poll_event()).collect(),
+    )
+}
+
+/// Sends batches of checks to one owner through the machine, one batch in flight at a time.
 async fn forward_loop(repl: Arc<Replication>, owner: NodeIdx, mut rx: mpsc::Receiver<Job>) {
-    let peer = repl.ids[usize::from(owner.0)].clone();
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < FORWARD_BATCH {
@@ -220,66 +342,62 @@ async fn forward_loop(repl: Arc<Replication>, owner: NodeIdx, mut rx: mpsc::Rece
                 Err(_) => break,
             }
         }
-        let id = repl.next_request.fetch_add(1, Ordering::Relaxed);
         let checks: Vec<ForwardCheck> = jobs.iter().map(|j| j.check.clone()).collect();
-        let answer = repl
-            .transport
-            .request(
-                &peer,
-                &Message::Forward { id, checks },
-                repl.forward_timeout,
-            )
-            .await;
-        let mut decisions = match answer {
-            Ok(Message::ForwardReply { id: got, decisions })
-                if got == id && decisions.len() == jobs.len() =>
-            {
-                decisions
-            }
-            Ok(_) => {
-                tracing::warn!(peer = %peer, "malformed forward reply; deciding alone");
-                vec![None; jobs.len()]
-            }
-            Err(e) => {
-                tracing::debug!(peer = %peer, error = %e, "forward failed; deciding alone");
-                vec![None; jobs.len()]
-            }
+        let (tx, answer) = oneshot::channel();
+        let (out, deadline) = {
+            let mut c = repl.cluster.lock();
+            let now = jobs.iter().map(|j| j.now).max().unwrap_or(0);
+            let id = c.forward(owner, checks, now);
+            repl.waiting.lock().insert(id, tx);
+            let out: Vec<Outgoing> = std::iter::from_fn(|| c.poll_transmit()).collect();
+            (out, c.poll_timeout())
         };
-        for (job, d) in jobs.into_iter().zip(decisions.drain(..)) {
+        repl.send_all(out);
+        if deadline < repl.timer_at.load(Ordering::Acquire) {
+            repl.wake_timer.notify_one();
+        }
+        let decisions = match answer.await {
+            Ok(Some(d)) => d,
+            _ => vec![None; jobs.len()],
+        };
+        for (job, d) in jobs.into_iter().zip(decisions) {
             let _ = job.reply.send(d);
         }
     }
 }
 
-/// Drives the protocol: a tick every gossip interval until `stop`.
-pub async fn run_ticks(
-    app: Arc<App>,
+/// Drives the machine's timers: wakes when [`Cluster::poll_timeout`] says, until `stop`.
+async fn run_timer<H: ClusterHost>(
+    host: Arc<H>,
     repl: Arc<Replication>,
-    every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     let suspect_after = repl.suspect_after;
     let mut redialled: Vec<Millis> = vec![0; repl.ids.len()];
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_status: Millis = 0;
     loop {
+        let at = repl.cluster.lock().poll_timeout();
+        repl.timer_at.store(at, Ordering::Release);
+        let wait = at.saturating_sub(host.limiter().clock.now_ms());
         tokio::select! {
-            _ = tick.tick() => {}
+            () = tokio::time::sleep(Duration::from_millis(wait)) => {}
+            () = repl.wake_timer.notified() => continue,
             _ = stop.changed() => return,
         }
-        let now = app.limiter.clock.now_ms();
-        let (out, peers) = {
+        let now = host.limiter().clock.now_ms();
+        let (out, events, peers) = {
             let mut c = repl.cluster.lock();
             let mut digest = repl.digest.lock();
-            let mut states = NodeStates::new(&app.limiter, &mut digest);
-            c.handle_tick(now, &mut states);
-            app.limiter.set_view(c.view());
-            if c.is_synced() && !app.shutting_down.load(Ordering::Acquire) {
-                app.set_ready(true);
-            }
-            (drain(&mut c), c.peers_status(now))
+            let mut states = NodeStates::new(host.limiter(), &mut digest);
+            c.handle_timeout(now, &mut states);
+            let (out, events) = drain(&mut c);
+            let peers = (now >= next_status).then(|| c.peers_status(now));
+            (out, events, peers)
         };
         repl.send_all(out);
+        repl.dispatch(&host, events);
+        let Some(peers) = peers else { continue };
+        next_status = now + 100;
         for p in peers {
             let peer = repl.id_of(p.node).to_owned();
             // We hear the peer but it has not acknowledged us for twice suspect_after (it has
@@ -300,7 +418,11 @@ pub async fn run_ticks(
 }
 
 /// Handles every message from peers until the transport closes.
-pub async fn run_inbound(app: Arc<App>, repl: Arc<Replication>, mut rx: mpsc::Receiver<Inbound>) {
+async fn run_inbound<H: ClusterHost>(
+    host: Arc<H>,
+    repl: Arc<Replication>,
+    mut rx: mpsc::Receiver<Inbound>,
+) {
     while let Some(inb) = rx.recv().await {
         let Some(from) = repl
             .ids
@@ -310,40 +432,15 @@ pub async fn run_inbound(app: Arc<App>, repl: Arc<Replication>, mut rx: mpsc::Re
         else {
             continue;
         };
-        let now = app.limiter.clock.now_ms();
-        match inb.msg {
-            Message::Forward { id, checks } => {
-                {
-                    let mut c = repl.cluster.lock();
-                    c.handle_message(
-                        from,
-                        Message::Forward {
-                            id,
-                            checks: Vec::new(),
-                        },
-                        now,
-                        &mut NodeStates::for_messages(&app.limiter, &mut repl.digest.lock()),
-                    );
-                }
-                let app = Arc::clone(&app);
-                tokio::spawn(async move {
-                    let decisions = checks.iter().map(|c| app.decide_forwarded(c)).collect();
-                    if let Some(tx) = inb.reply {
-                        let _ = tx.send(Message::ForwardReply { id, decisions });
-                    }
-                });
-            }
-            msg => {
-                let out = {
-                    let mut c = repl.cluster.lock();
-                    let mut digest = repl.digest.lock();
-                    let mut states = NodeStates::for_messages(&app.limiter, &mut digest);
-                    c.handle_message(from, msg, now, &mut states);
-                    app.limiter.set_view(c.view());
-                    drain(&mut c)
-                };
-                repl.send_all(out);
-            }
-        }
+        let now = host.limiter().clock.now_ms();
+        let (out, events) = {
+            let mut c = repl.cluster.lock();
+            let mut digest = repl.digest.lock();
+            let mut states = NodeStates::new(host.limiter(), &mut digest);
+            c.handle_message(from, inb.msg, now, &mut states);
+            drain(&mut c)
+        };
+        repl.send_all(out);
+        repl.dispatch(&host, events);
     }
 }

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::app::App;
 use crate::config::Config;
 use crate::limiter::Clock;
-use crate::replication::{self, Replication};
+use crate::replication::Replication;
 use crate::{http, snapshot};
 
 /// How a node is started.
@@ -72,10 +72,18 @@ pub async fn run(
     let node_id = config.node.id.clone();
     let snapshot_every = Duration::from_millis(config.node.snapshot_interval.as_millis());
     let grace = Duration::from_millis(config.node.shutdown_grace.as_millis());
+    let clock = Clock::with_offset(options.clock_offset_ms);
+    // The cluster side starts first (its transport listens, its machine asks every peer for
+    // its state); its timer and inbound loop run once the app exists, below.
+    let cluster = match &config.cluster {
+        None => None,
+        Some(_) => Some(Replication::start(&config, clock.now_ms()).await?),
+    };
     let app = Arc::new(App::new(
         config,
-        Clock::with_offset(options.clock_offset_ms),
+        clock,
         prometheus,
+        cluster.as_ref().map(|(repl, _)| Arc::clone(repl)),
     ));
 
     if let Some(dir) = &data_dir {
@@ -106,40 +114,22 @@ pub async fn run(
         ));
     }
 
-    let replication = match app
-        .config
-        .load()
-        .cluster
-        .as_ref()
-        .map(|c| c.gossip_interval.as_millis())
-    {
+    let replication = match cluster {
         None => {
             app.set_ready(true);
             None
         }
-        Some(gossip_ms) => {
-            // Ready once the cluster's state has been pulled (see replication::run_ticks);
+        Some((repl, inbound)) => {
+            // Ready once the cluster's state has been pulled (the machine's `Synced` event);
             // until then decisions are made under conservative caps.
-            let config = app.config.load_full();
-            let (repl, inbound) = Replication::start(&config, app.limiter.clock.now_ms()).await?;
             app.limiter.store().track_changes();
             // Recovering until it has pulled its peers' state.
             app.limiter.set_view(levee_core::ClusterView {
                 recovering: true,
                 ..app.limiter.view()
             });
-            let _ = app.replication.set(Arc::clone(&repl));
-            tokio::spawn(replication::run_inbound(
-                Arc::clone(&app),
-                Arc::clone(&repl),
-                inbound,
-            ));
-            tokio::spawn(replication::run_ticks(
-                Arc::clone(&app),
-                Arc::clone(&repl),
-                Duration::from_millis(gossip_ms),
-                stop_rx.clone(),
-            ));
+            repl.run(Arc::clone(&app), inbound, stop_rx.clone());
+            let config = app.config.load();
             tracing::info!(gossip = ?config.node.gossip, peers = config.replicas.len() - 1, "cluster transport started");
             Some(repl)
         }

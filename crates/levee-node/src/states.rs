@@ -44,38 +44,37 @@ impl NodeDigest {
     }
 }
 
-/// One tick's view of the store.
+/// The store as one call of the state machine sees it.
 pub struct NodeStates<'a> {
     limiter: &'a Limiter,
     rules: arc_swap::Guard<std::sync::Arc<RuleSet>>,
-    active: Vec<KeyId>,
+    /// The store's list of keys changed since the last gossip interval, taken when the
+    /// machine first asks for it (rebalancing or deltas: only at the end of an interval).
+    active: Option<Vec<KeyId>>,
     pending: Vec<KeyId>,
     digest: &'a mut NodeDigest,
 }
 
 impl<'a> NodeStates<'a> {
-    /// Takes the store's list of changed keys.
+    /// The store of `limiter`, with its anti-entropy digest.
     pub fn new(limiter: &'a Limiter, digest: &'a mut NodeDigest) -> NodeStates<'a> {
-        let active = limiter.store().take_changed();
-        let pending = active.clone();
         NodeStates {
             limiter,
             rules: limiter.rules(),
-            active,
-            pending,
+            active: None,
+            pending: Vec::new(),
             digest,
         }
     }
 
-    /// A view for merges only (no list is taken).
-    pub fn for_messages(limiter: &'a Limiter, digest: &'a mut NodeDigest) -> NodeStates<'a> {
-        NodeStates {
-            limiter,
-            rules: limiter.rules(),
-            active: Vec::new(),
-            pending: Vec::new(),
-            digest,
+    /// The keys changed since the last interval, taken from the store on first use.
+    fn active(&mut self) -> &[KeyId] {
+        if self.active.is_none() {
+            let changed = self.limiter.store().take_changed();
+            self.pending = changed.clone();
+            self.active = Some(changed);
         }
+        self.active.as_deref().unwrap_or_default()
     }
 }
 
@@ -104,6 +103,7 @@ pub fn target_of<'r>(rules: &'r RuleSet, id: &[u8]) -> Option<Target<'r>> {
 impl KeyStates for NodeStates<'_> {
     fn drain_deltas(&mut self, max: usize) -> Vec<(Vec<u8>, KeyCrdt)> {
         let me = self.rules.me;
+        self.active();
         let mut out = Vec::new();
         while out.len() < max {
             let Some(id) = self.pending.pop() else { break };
@@ -183,8 +183,9 @@ impl KeyStates for NodeStates<'_> {
     }
 
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
+        self.active();
         let rules = &self.rules;
-        for id in &self.active {
+        for id in self.active.as_deref().unwrap_or_default() {
             let Some(target) = target_of(rules, id) else {
                 continue;
             };

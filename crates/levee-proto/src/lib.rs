@@ -59,10 +59,12 @@ pub struct Hello {
     pub incarnation: u64,
 }
 
-/// The state of one key: its stored identity and its replicated state (a delta, or a full
-/// state — the receiver cannot tell and need not care: merge is the same join).
+/// One key in a batch: its stored identity and its replicated state (a delta, or a full
+/// state — the receiver cannot tell and need not care: merge is the same join). Named apart
+/// from `levee_core::KeyState`, a node's whole state of a key, of which this carries only the
+/// replicated part.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyState {
+pub struct KeyEntry {
     /// `rule \0 bucket key` as the store encodes it.
     pub id: Vec<u8>,
     /// Entries, as absolute values.
@@ -85,7 +87,7 @@ pub struct DeltaBatch {
     /// missed what it sent in between and pushes it again.
     pub ack_ms: u64,
     /// The keys.
-    pub keys: Vec<KeyState>,
+    pub keys: Vec<KeyEntry>,
 }
 
 /// How a batch's keys are encoded: bincode, as is.
@@ -162,7 +164,7 @@ impl TryFrom<WireBatch> for DeltaBatch {
                 raw.len()
             ));
         }
-        let (keys, used): (Vec<KeyState>, usize) =
+        let (keys, used): (Vec<KeyEntry>, usize) =
             bincode::serde::decode_from_slice(raw, config()).map_err(|e| e.to_string())?;
         if used != raw.len() {
             return Err(format!(
@@ -267,11 +269,6 @@ pub enum Message {
         id: u64,
         /// One answer per check.
         decisions: Vec<Option<ForwardDecision>>,
-    },
-    /// The owner asks region-mates to give it their rights for these keys.
-    RightsRequest {
-        /// Stored key identities.
-        ids: Vec<Vec<u8>>,
     },
 }
 
@@ -445,7 +442,7 @@ mod tests {
         Message::Deltas(DeltaBatch {
             sent_at_ms: 1_700_000_000_123,
             ack_ms: 1_700_000_000_101,
-            keys: vec![KeyState {
+            keys: vec![KeyEntry {
                 id: b"api\0\xffacme".to_vec(),
                 state,
             }],
@@ -588,7 +585,7 @@ mod tests {
                 };
                 let mut id = Vec::new();
                 encode_id(&mut id, "allow", None, &format!("g{i}"));
-                KeyState { id, state }
+                KeyEntry { id, state }
             })
             .collect();
         DeltaBatch {

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use levee_cluster::memory::MemoryStates;
-use levee_cluster::{Cluster, ClusterConfig};
+use levee_cluster::{Cluster, ClusterConfig, Event, Route};
 use levee_core::{
     ClusterView, Consistency, KeyCrdt, Lattice, NodeIdx, RegionIdx, ReplicaSet, Rule, RuleSpec,
 };
@@ -54,6 +54,9 @@ pub struct LeveeResult {
     /// Every live node's state of the probe key when the run ended (for a replay's report).
     pub probe_views: Vec<Option<KeyCrdt>>,
 }
+
+/// How long a forwarded check may wait for its owner, as a node has it.
+const FORWARD_TIMEOUT_MAX: u64 = 500;
 
 /// The rule every run enforces.
 pub fn rule(limit: u64) -> Rule {
@@ -176,15 +179,20 @@ impl<'p> Driver<'p> {
         d
     }
 
+    /// Node `me`'s configuration for a machine started now: its gossip intervals end on
+    /// its seeded phase (sim ms ≡ `phase[me]` modulo the interval), whenever it starts.
     fn config(&self, me: usize) -> ClusterConfig {
         let p = &self.plan.protocol;
+        let g = p.gossip_interval;
         ClusterConfig {
             me: NodeIdx(me as u16),
             replicas: self.replicas.clone(),
             consistency: self.mode,
-            gossip_interval: p.gossip_interval,
+            gossip_interval: g,
             suspect_after: p.suspect_after,
             anti_entropy_interval: p.anti_entropy_interval,
+            forward_timeout: p.suspect_after.min(FORWARD_TIMEOUT_MAX),
+            tick_phase: (self.phase[me] + g - self.now % g) % g,
         }
     }
 
@@ -201,7 +209,6 @@ impl<'p> Driver<'p> {
         let plan = self.plan;
         let mut next_fault = 0;
         let mut next_request = 0;
-        let gossip = plan.protocol.gossip_interval;
         for now in 0..plan.duration_ms {
             self.now = now;
             while next_fault < plan.faults.len() && plan.faults[next_fault].at <= now {
@@ -211,12 +218,11 @@ impl<'p> Driver<'p> {
             self.start_watches();
             self.deliver();
             for n in 0..self.nodes.len() {
-                if self.nodes[n].up && now % gossip == self.phase[n] {
-                    let t = self.clock(n);
+                let t = self.clock(n);
+                if self.nodes[n].up && t >= self.nodes[n].cluster.poll_timeout() {
                     let node = &mut self.nodes[n];
-                    node.cluster.handle_tick(t, &mut node.states);
+                    node.cluster.handle_timeout(t, &mut node.states);
                     self.flush(n);
-                    self.note_sync(n);
                 }
             }
             self.deliver();
@@ -385,8 +391,18 @@ impl<'p> Driver<'p> {
         }
     }
 
-    /// Hands every message node `n` queued to the network, through the real codec.
+    /// Hands every message node `n` queued to the network, through the real codec, and acts
+    /// on what it reported.
     fn flush(&mut self, n: usize) {
+        self.transmit(n);
+        while let Some(event) = self.nodes[n].cluster.poll_event() {
+            if event == Event::Synced {
+                self.note_sync(n);
+            }
+        }
+    }
+
+    fn transmit(&mut self, n: usize) {
         while let Some(out) = self.nodes[n].cluster.poll_transmit() {
             let to = usize::from(out.to.0);
             match encode_frame(&out.msg) {
@@ -428,7 +444,6 @@ impl<'p> Driver<'p> {
             node.cluster
                 .handle_message(NodeIdx(m.from as u16), msg, t, &mut node.states);
             self.flush(to);
-            self.note_sync(to);
         }
     }
 
@@ -518,17 +533,10 @@ impl<'p> Driver<'p> {
             return;
         }
         let entry = live[self.route_rng.index(live.len())];
-        let owner = usize::from(self.nodes[entry].cluster.owner(name.as_bytes()).0);
-        let (decider, acting_alone) = if owner == entry {
-            (entry, false)
-        } else if self.nodes[owner].up
-            && self.nodes[entry]
-                .cluster
-                .is_reachable(NodeIdx(owner as u16))
-        {
-            (owner, false)
-        } else {
-            (entry, true)
+        let (decider, acting_alone) = match self.nodes[entry].cluster.route(name.as_bytes()) {
+            Route::Local => (entry, false),
+            Route::Owner(o) if self.nodes[usize::from(o.0)].up => (usize::from(o.0), false),
+            Route::Owner(_) | Route::Alone => (entry, true),
         };
         let mut view = self.nodes[decider].cluster.view();
         view.acting_alone = acting_alone;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use levee_core::NodeIdx;
 use levee_core::crdt::Tally;
 use levee_proto::{
-    DeltaBatch, ForwardCheck, ForwardDecision, HEADER_BYTES, Hello, KeyState, MAX_FRAME_BYTES,
+    DeltaBatch, ForwardCheck, ForwardDecision, HEADER_BYTES, Hello, KeyEntry, MAX_FRAME_BYTES,
     Message, VERSION, encode_frame,
 };
 use levee_transport::certs::{init_ca, issue};
@@ -82,7 +82,7 @@ fn deltas() -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: 1_700_000_000_123,
         ack_ms: 0,
-        keys: vec![KeyState {
+        keys: vec![KeyEntry {
             id: b"api\0acme".to_vec(),
             state,
         }],
@@ -555,7 +555,7 @@ async fn frames_to_one_peer_arrive_whole_and_in_the_order_sent() {
         for i in 0..n {
             let keys = if i % 10 == 0 { 2_000 } else { 1 };
             let keys = (0..keys)
-                .map(|k| KeyState {
+                .map(|k| KeyEntry {
                     id: format!("api\0\u{ff}key-{i}-{k}").into_bytes(),
                     state: levee_core::KeyCrdt::default(),
                 })

@@ -1,0 +1,148 @@
+//! The anti-entropy digest: the key space cut into [`DIGEST_BUCKETS`] buckets, each summed
+//! up by the XOR of its keys' fingerprints, kept incrementally as keys change so that a round
+//! costs O(buckets), not O(keys).
+
+use std::collections::HashMap;
+
+use levee_core::KeyCrdt;
+use levee_proto::Digest;
+
+/// Digest buckets: the key space is cut into this many ranges for anti-entropy.
+pub const DIGEST_BUCKETS: u32 = 256;
+
+/// The stable 64-bit hash of a stored key identity (FNV-1a): it places the key in a digest
+/// bucket and names it in [`Fingerprints`]. It depends on the key's bytes alone, so every
+/// node and every version agrees on it.
+pub fn key_hash(id: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The digest bucket of a key, out of `buckets`.
+pub fn bucket_of(id: &[u8], buckets: u32) -> u32 {
+    (key_hash(id) % u64::from(buckets.max(1))) as u32
+}
+
+/// A key's part of its digest bucket: its identity and its state, ignoring epochs more than
+/// `retained` epochs older than the newest one it holds (which nodes prune at slightly
+/// different times). It depends on the state alone, never on a clock, so a value computed
+/// when the key last changed stays right until it changes again.
+pub fn key_fingerprint(id: &[u8], state: &KeyCrdt, retained: u64) -> u64 {
+    let newest = state.slots.last().map_or(0, |s| s.epoch);
+    let oldest = newest.saturating_sub(retained.saturating_sub(1));
+    key_hash(id).rotate_left(17) ^ state.fingerprint(oldest)
+}
+
+/// The per-bucket digest of a key store: [`DIGEST_BUCKETS`] hashes, each the XOR of its keys'
+/// fingerprints, so that when a key changes its old fingerprint XORs out and the new one in.
+/// It holds no per-key memory: the store that uses it keeps each key's last fingerprint
+/// (with the key itself, or in [`Fingerprints`]).
+#[derive(Debug, Clone)]
+pub struct DigestBuckets {
+    buckets: Vec<u64>,
+}
+
+impl Default for DigestBuckets {
+    fn default() -> DigestBuckets {
+        DigestBuckets {
+            buckets: vec![0; DIGEST_BUCKETS as usize],
+        }
+    }
+}
+
+impl DigestBuckets {
+    /// Replaces a key's fingerprint `old` by `new` in its bucket (`None`: the key was not
+    /// recorded, or is gone).
+    pub fn replace(&mut self, id: &[u8], old: Option<u64>, new: Option<u64>) {
+        let b = bucket_of(id, DIGEST_BUCKETS) as usize;
+        self.buckets[b] ^= old.unwrap_or(0) ^ new.unwrap_or(0);
+    }
+
+    /// Forgets every key (before a rebuild from the whole store).
+    pub fn clear(&mut self) {
+        self.buckets.iter_mut().for_each(|b| *b = 0);
+    }
+
+    /// Every bucket's hash, [`DIGEST_BUCKETS`] of them.
+    pub fn buckets(&self) -> Vec<u64> {
+        self.buckets.clone()
+    }
+}
+
+/// [`DigestBuckets`] with each key's last fingerprint kept beside them, for a store that has
+/// nowhere else to keep it. Memory: one `u64 → u64` entry per key (named by [`key_hash`],
+/// not by its bytes).
+#[derive(Debug, Clone, Default)]
+pub struct Fingerprints {
+    keys: HashMap<u64, u64>,
+    buckets: DigestBuckets,
+}
+
+impl Fingerprints {
+    /// Records a key's fingerprint (`None`: the key is gone).
+    pub fn set(&mut self, id: &[u8], fingerprint: Option<u64>) {
+        let h = key_hash(id);
+        let old = match fingerprint {
+            Some(fp) => self.keys.insert(h, fp),
+            None => self.keys.remove(&h),
+        };
+        self.buckets.replace(id, old, fingerprint);
+    }
+
+    /// Forgets every key (before a rebuild from the whole store).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.buckets.clear();
+    }
+
+    /// Keys recorded.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no key is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Every bucket's hash, [`DIGEST_BUCKETS`] of them.
+    pub fn buckets(&self) -> Vec<u64> {
+        self.buckets.buckets()
+    }
+}
+
+/// The digest message for a store's bucket hashes: the non-empty buckets only.
+pub(crate) fn digest_message(hashes: Vec<u64>) -> Digest {
+    Digest {
+        buckets: DIGEST_BUCKETS,
+        hashes: hashes
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, h)| h != 0)
+            .map(|(i, h)| (i as u32, h))
+            .collect(),
+    }
+}
+
+/// Buckets whose hashes differ (or that only one side has), sorted.
+pub(crate) fn differing(mine: &Digest, theirs: &Digest) -> Vec<u32> {
+    let mut out = Vec::new();
+    let lookup = |d: &Digest, b: u32| d.hashes.iter().find(|(x, _)| *x == b).map(|(_, h)| *h);
+    for &(b, h) in &mine.hashes {
+        if lookup(theirs, b) != Some(h) {
+            out.push(b);
+        }
+    }
+    for &(b, _) in &theirs.hashes {
+        if lookup(mine, b).is_none() {
+            out.push(b);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}

@@ -1,0 +1,49 @@
+//! What the state machine reports to its driver ([`crate::Cluster::poll_event`]).
+
+use levee_core::{ClusterView, NodeIdx, RegionIdx};
+use levee_proto::{ForwardCheck, ForwardDecision};
+
+/// Correlates a forwarded batch of checks with its answer.
+pub type ForwardId = u64;
+
+/// Something that changed, or something the driver must act on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A peer was heard from again (or for the first time).
+    PeerUp(NodeIdx),
+    /// A peer was not heard from within `suspect_after`.
+    PeerDown(NodeIdx),
+    /// A region had no reachable node and now has one.
+    RegionReachable(RegionIdx),
+    /// No node of a region is reachable any more.
+    RegionUnreachable(RegionIdx),
+    /// This node has pulled the cluster's state (or found nobody to pull from): it may be
+    /// marked ready. Reported once per [`crate::Cluster::new`].
+    Synced,
+    /// What decisions should assume about the cluster changed; the driver hands the new view
+    /// to its decision path. Reported at most once per `handle_*` call.
+    ViewChanged(ClusterView),
+    /// A region-mate forwarded checks to this node as their keys' owner: decide them in
+    /// order and answer with [`crate::Cluster::answer_forward`].
+    ForwardReceived {
+        /// The forwarder.
+        from: NodeIdx,
+        /// To be echoed in the answer.
+        id: ForwardId,
+        /// The checks.
+        checks: Vec<ForwardCheck>,
+    },
+    /// The owner answered a batch this node forwarded: one decision per check, in order
+    /// (`None` where the owner could not decide: decide that one alone).
+    ForwardAnswered {
+        /// The batch, as returned by [`crate::Cluster::forward`].
+        id: ForwardId,
+        /// The owner's decisions.
+        decisions: Vec<Option<ForwardDecision>>,
+    },
+    /// No well-formed answer came within `forward_timeout`: decide the batch's checks alone.
+    ForwardFailed {
+        /// The batch, as returned by [`crate::Cluster::forward`].
+        id: ForwardId,
+    },
+}

@@ -1,0 +1,191 @@
+//! What this node knows of its exchange with one peer, and the peer's queue of full key
+//! states (pull answers, repairs, catch-ups), paced by a per-interval budget so that a large
+//! pull cannot flood the link.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use levee_core::{Millis, NodeIdx};
+use levee_proto::{DeltaBatch, KeyEntry, Message};
+
+use crate::store::KeyStates;
+
+/// Most keys in one message.
+pub const MAX_KEYS_PER_MESSAGE: usize = 256;
+/// Most keys of full states (pulls, anti-entropy, catch-ups) sent to one peer per gossip
+/// interval; the rest waits its turn, so a large pull cannot flood the link (deltas of
+/// changed keys are not held back).
+pub const PUSH_KEYS_PER_TICK: usize = 4 * MAX_KEYS_PER_MESSAGE;
+
+/// A message for the transport to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The destination.
+    pub to: NodeIdx,
+    /// The message.
+    pub msg: Message,
+}
+
+/// A key waiting in a peer's queue.
+#[derive(Debug, Clone)]
+pub(crate) enum Queued {
+    /// A key's state, sent as `Deltas` (a repair or a catch-up).
+    State(Vec<u8>),
+    /// A key's state, as part of the answer to the peer's pull.
+    PullAnswer(Vec<u8>),
+    /// The end of the answer to the peer's pull.
+    PullAnswerEnd,
+}
+
+/// The keys a peer that does not hear us misses, re-sent every interval.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum MissedKeys {
+    /// The peer hears us (or we have not started tracking what it misses).
+    #[default]
+    NotTracked,
+    /// These keys, few enough to re-send every interval.
+    Keys(BTreeSet<Vec<u8>>),
+    /// Too many to re-send: the catch-up waits until the peer is heard again.
+    TooMany,
+}
+
+/// What this node knows of its exchange with one peer.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerLink {
+    /// When a message was last queued for it (this node's clock).
+    pub(crate) last_sent: Millis,
+    /// The highest `sent_at_ms` of its batches received (its clock): echoed as `ack_ms`.
+    pub(crate) heard_ms: u64,
+    /// The highest `sent_at_ms` of our batches it says it has received (our clock).
+    pub(crate) acked_ms: u64,
+    /// When we last pushed it what it missed.
+    pub(crate) caught_up: Millis,
+    /// It answered our pull saying it is recovering too.
+    pub(crate) deferred: bool,
+    /// Full states waiting to be sent to it, paced by `budget`.
+    pub(crate) queue: VecDeque<Queued>,
+    /// An answer to its pull is in `queue`.
+    pull_queued: bool,
+    /// Keys that may still be pushed to it this interval.
+    pub(crate) budget: usize,
+    /// While it does not hear us: the keys it misses.
+    pub(crate) missed: MissedKeys,
+}
+
+impl Default for PeerLink {
+    fn default() -> PeerLink {
+        PeerLink {
+            last_sent: 0,
+            heard_ms: 0,
+            acked_ms: 0,
+            caught_up: 0,
+            deferred: false,
+            queue: VecDeque::new(),
+            pull_queued: false,
+            budget: PUSH_KEYS_PER_TICK,
+            missed: MissedKeys::NotTracked,
+        }
+    }
+}
+
+/// A batch of keys sent now (its `ack_ms` is set per destination by [`PeerLink::stamp`]).
+pub(crate) fn batch(now: Millis, keys: Vec<KeyEntry>) -> DeltaBatch {
+    DeltaBatch {
+        sent_at_ms: now,
+        ack_ms: 0,
+        keys,
+    }
+}
+
+impl PeerLink {
+    /// Readies a message for this peer: notes the send and acknowledges its latest batch.
+    pub(crate) fn stamp(&mut self, msg: &mut Message, now: Millis) {
+        self.last_sent = now;
+        if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = msg {
+            b.ack_ms = self.heard_ms;
+        }
+    }
+
+    /// Full states queued for it (for status and metrics).
+    pub(crate) fn backlog_keys(&self) -> usize {
+        self.queue
+            .iter()
+            .filter(|q| !matches!(q, Queued::PullAnswerEnd))
+            .count()
+    }
+
+    /// Queues every key of `store` for which `want` holds; `pull` makes it the answer to the
+    /// peer's pull, whose last chunk says `done`. One answer to a pull at a time: a repeated
+    /// request while one is queued is already being answered.
+    pub(crate) fn queue_all(
+        &mut self,
+        store: &dyn KeyStates,
+        now: Millis,
+        want: impl Fn(&[u8]) -> bool,
+        pull: bool,
+    ) {
+        if pull && self.pull_queued {
+            return;
+        }
+        let queue = &mut self.queue;
+        store.for_each(now, &mut |id, _, _| {
+            if want(id) {
+                queue.push_back(if pull {
+                    Queued::PullAnswer(id.to_vec())
+                } else {
+                    Queued::State(id.to_vec())
+                });
+            }
+        });
+        if pull {
+            self.queue.push_back(Queued::PullAnswerEnd);
+            self.pull_queued = true;
+        }
+    }
+
+    /// The next message of its queue, within this interval's budget, of at most
+    /// [`MAX_KEYS_PER_MESSAGE`] keys, each key's state as it is now; `None` when the queue
+    /// is empty or the budget spent. Not yet stamped.
+    pub(crate) fn next_queued(&mut self, store: &dyn KeyStates, now: Millis) -> Option<Message> {
+        loop {
+            if self.queue.is_empty() || self.budget == 0 {
+                return None;
+            }
+            let pull = matches!(
+                self.queue.front(),
+                Some(Queued::PullAnswer(_) | Queued::PullAnswerEnd)
+            );
+            let mut keys = Vec::new();
+            let mut done = false;
+            while keys.len() < MAX_KEYS_PER_MESSAGE && self.budget > 0 {
+                let id = match self.queue.front() {
+                    Some(Queued::State(id)) if !pull => id,
+                    Some(Queued::PullAnswer(id)) if pull => id,
+                    Some(Queued::PullAnswerEnd) if pull => {
+                        self.queue.pop_front();
+                        self.pull_queued = false;
+                        done = true;
+                        break;
+                    }
+                    _ => break,
+                };
+                if let Some(state) = store.get(id) {
+                    keys.push(KeyEntry {
+                        id: id.clone(),
+                        state,
+                    });
+                    self.budget -= 1;
+                }
+                self.queue.pop_front();
+            }
+            if keys.is_empty() && !done {
+                continue;
+            }
+            let batch = batch(now, keys);
+            return Some(if pull {
+                Message::PullChunk { batch, done }
+            } else {
+                Message::Deltas(batch)
+            });
+        }
+    }
+}

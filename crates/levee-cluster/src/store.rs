@@ -1,0 +1,32 @@
+//! The key states the protocol replicates, kept by the caller: [`KeyStates`] is what the
+//! state machine asks of a store. A node keeps its keys in its concurrent store, the
+//! simulator and the tests in [`crate::memory::MemoryStates`].
+
+use levee_core::{ClusterView, KeyCrdt, Millis, NodeIdx};
+
+/// Why a key's state was not merged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// The key states the protocol replicates, kept by the caller.
+pub trait KeyStates {
+    /// Removes and returns, for up to `max` keys, the entries this node wrote since the last
+    /// call (as absolute values).
+    fn drain_deltas(&mut self, max: usize) -> Vec<(Vec<u8>, KeyCrdt)>;
+    /// Joins a peer's state of a key into ours, creating the key only if the merge is
+    /// accepted: a refused merge leaves nothing behind.
+    fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused>;
+    /// Calls `f` with every key's state and the oldest epoch still counted for it.
+    fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64));
+    /// A copy of one key's state, if held.
+    fn get(&self, id: &[u8]) -> Option<KeyCrdt>;
+    /// The anti-entropy digest of every key held: [`crate::DIGEST_BUCKETS`] hashes, each
+    /// the XOR of the [`crate::key_fingerprint`]s of the keys in that bucket
+    /// ([`crate::bucket_of`]). Kept up to date as keys change (see [`crate::Fingerprints`]),
+    /// so that a round costs O(buckets), not O(keys).
+    fn digest(&mut self, now: Millis) -> Vec<u64>;
+    /// Strict mode: moves spare rights of the keys used or merged since the last call toward
+    /// demand; `owner` names each key's owner in this node's region.
+    fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx);
+}
