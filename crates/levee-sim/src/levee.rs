@@ -5,11 +5,13 @@
 //! ## How a request is decided
 //!
 //! As a node does it (`levee-node`'s `App::check`): a request arrives at a random live node
-//! of its region (the load balancer); if that node owns the key it decides; if the owner is
-//! another node it believes reachable and the owner is up, the owner decides (forwarding
-//! inside a region takes about a millisecond and is not modelled further); otherwise (the
-//! owner crashed and is not yet suspected, so the forward times out) the receiving node
-//! decides alone with `acting_alone`.
+//! of its region (the load balancer), which asks its machine where it is decided
+//! ([`Cluster::route`]): there if it owns the key; alone (`acting_alone`) if the owner is
+//! unreachable; otherwise the check is forwarded ([`Cluster::forward`]) over the simulated
+//! network like every other message, with the region's latency, loss and duplication, and
+//! the owner decides it when it arrives. If no answer comes within `forward_timeout` (the
+//! owner crashed, or the message or its answer was lost) the receiving node decides alone
+//! too, as a node does; the owner may then have admitted the check as well.
 //!
 //! ## Crashes
 //!
@@ -18,14 +20,15 @@
 //! node is `recovering` until one answers) and a new connection generation, so messages
 //! meant for the old process are lost.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use levee_cluster::memory::MemoryStates;
-use levee_cluster::{Cluster, ClusterConfig, Event, Route};
+use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Route};
+use levee_core::Decision;
 use levee_core::{
     ClusterView, Consistency, KeyCrdt, Lattice, NodeIdx, RegionIdx, ReplicaSet, Rule, RuleSpec,
 };
-use levee_proto::{Message, decode_frame, encode_frame};
+use levee_proto::{ForwardCheck, ForwardDecision, Message, decode_frame, encode_frame};
 
 pub use crate::experiment::SyncGen;
 use crate::heal::{HealFigure, HealWatch};
@@ -100,6 +103,11 @@ struct Driver<'p> {
     epoch_seen: Vec<u64>,
     rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
     sync: SyncGen,
+    /// Checks forwarded and not yet answered, by (forwarding node, batch id): the region
+    /// they were asked in and the key.
+    forwarded: BTreeMap<(usize, ForwardId), (usize, u32)>,
+    /// Key names to their index in the plan.
+    key_index: HashMap<String, u32>,
 }
 
 /// Runs Levee in `mode` over `plan`, as production runs.
@@ -151,6 +159,13 @@ impl<'p> Driver<'p> {
                 .collect(),
             rights: BTreeMap::new(),
             sync: SyncGen::Production,
+            forwarded: BTreeMap::new(),
+            key_index: plan
+                .keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), i as u32))
+                .collect(),
             replicas,
         };
         for i in 0..n {
@@ -317,6 +332,8 @@ impl<'p> Driver<'p> {
                         m.1 = m.1.max(given);
                     }
                 }
+                // Checks it forwarded die with it: nobody answers their clients.
+                self.forwarded.retain(|&(entry, _), _| entry != node);
                 let n = &mut self.nodes[node];
                 n.crash_memory = memory;
                 n.states.clear();
@@ -394,10 +411,26 @@ impl<'p> Driver<'p> {
     /// Hands every message node `n` queued to the network, through the real codec, and acts
     /// on what it reported.
     fn flush(&mut self, n: usize) {
-        self.transmit(n);
-        while let Some(event) = self.nodes[n].cluster.poll_event() {
-            if event == Event::Synced {
-                self.note_sync(n);
+        loop {
+            self.transmit(n);
+            let Some(event) = self.nodes[n].cluster.poll_event() else {
+                return;
+            };
+            match event {
+                Event::Synced => self.note_sync(n),
+                Event::ForwardReceived { from, id, checks } => {
+                    self.decide_forwarded(n, from, id, &checks);
+                }
+                Event::ForwardAnswered { id, .. } => {
+                    self.forwarded.remove(&(n, id));
+                }
+                Event::ForwardFailed { id } => {
+                    // The owner did not answer in time: decide alone, as a node does.
+                    if let Some((region, key)) = self.forwarded.remove(&(n, id)) {
+                        self.decide(n, region, key, true);
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -533,30 +566,87 @@ impl<'p> Driver<'p> {
             return;
         }
         let entry = live[self.route_rng.index(live.len())];
-        let (decider, acting_alone) = match self.nodes[entry].cluster.route(name.as_bytes()) {
-            Route::Local => (entry, false),
-            Route::Owner(o) if self.nodes[usize::from(o.0)].up => (usize::from(o.0), false),
-            Route::Owner(_) | Route::Alone => (entry, true),
+        let t = self.clock(entry);
+        self.ledger.demand(key, t / WINDOW_MS, region);
+        match self.nodes[entry].cluster.route(name.as_bytes()) {
+            Route::Local => self.decide(entry, region, key, false),
+            Route::Alone => self.decide(entry, region, key, true),
+            Route::Owner(owner) => {
+                let check = ForwardCheck {
+                    rule: RULE.to_owned(),
+                    key: name.clone(),
+                    cost: 1,
+                    class: None,
+                    dry_run: false,
+                    idempotency_key: None,
+                    refund: false,
+                };
+                let id = self.nodes[entry].cluster.forward(owner, vec![check], t);
+                self.forwarded.insert((entry, id), (region, key));
+                self.flush(entry);
+                None
+            }
         };
-        let mut view = self.nodes[decider].cluster.view();
+    }
+
+    /// Decides one check of `key`, asked in `region`, at `node`; `acting_alone` when the
+    /// key's owner could not decide it.
+    fn decide(
+        &mut self,
+        node: usize,
+        region: usize,
+        key: u32,
+        acting_alone: bool,
+    ) -> Option<Decision> {
+        let name = &self.plan.keys[key as usize];
+        let mut view = self.nodes[node].cluster.view();
         view.acting_alone = acting_alone;
         if self.sync != SyncGen::Production {
-            view.sync_gen = self.nodes[decider].exchange.0;
+            view.sync_gen = self.nodes[node].exchange.0;
         }
-        let t = self.clock(decider);
+        let t = self.clock(node);
         let window = t / WINDOW_MS;
-        self.ledger.demand(key, window, region);
-        let Some(decision) = self.nodes[decider].states.decide(RULE, name, 1, t, view) else {
+        let Some(decision) = self.nodes[node].states.decide(RULE, name, 1, t, view) else {
             self.errors
-                .push(format!("node {decider}: no decision for key {name}"));
-            return;
+                .push(format!("node {node}: no decision for key {name}"));
+            return None;
         };
         if decision.allowed {
-            self.ledger.admit(key, window, region, decider);
+            self.ledger.admit(key, window, region, node);
             if self.mode == Consistency::Optimistic {
-                self.record_slack(decider, key, window, region, view);
+                self.record_slack(node, key, window, region, view);
             }
         }
+        Some(decision)
+    }
+
+    /// Node `n`, as a key's owner, decides the checks a region-mate forwarded, and answers.
+    fn decide_forwarded(
+        &mut self,
+        n: usize,
+        from: NodeIdx,
+        id: ForwardId,
+        checks: &[ForwardCheck],
+    ) {
+        let region = self.plan.topology.region_of()[n];
+        let mut decisions = Vec::with_capacity(checks.len());
+        for c in checks {
+            let decision = match self.key_index.get(c.key.as_str()) {
+                Some(&key) => self.decide(n, region, key, false),
+                None => None,
+            };
+            decisions.push(decision.map(|d| ForwardDecision {
+                allowed: d.allowed,
+                would_allow: d.would_allow,
+                limit: d.limit,
+                remaining: d.remaining,
+                reset_after_ms: d.reset_after_ms,
+                retry_after_ms: d.retry_after_ms,
+                degraded: d.degraded,
+            }));
+        }
+        let t = self.clock(n);
+        self.nodes[n].cluster.answer_forward(from, id, decisions, t);
     }
 
     /// Optimistic mode: what the deciding node had not accounted for at this admission.
