@@ -33,14 +33,42 @@
 //!
 //! [`certs`] makes a development CA and node certificates; [`tls`] builds the QUIC TLS
 //! configurations from PEM files.
+//!
+//! ## Files and layering
+//!
+//! Each file holds one concept and imports only from the layers below it; no two files
+//! import each other.
+//!
+//! | layer | file | what it is |
+//! |---|---|---|
+//! | 3 | `quic.rs` | [`Transport`]: one node's QUIC endpoint, a link per configured peer, the accept loop |
+//! | 2 | `link.rs` | the way to one peer: dialling, backoff, the send queue and its writer task |
+//! | 1 | `connection.rs` | one authenticated connection: the `Hello` exchange, then the streams the peer opens |
+//! | 0 | `shared.rs` | what an endpoint's connections and links share, and the `HeardListener` a link registers there |
+//! | 0 | `config.rs` | [`TransportConfig`], [`PeerAddr`], [`DialTiming`] |
+//! | 0 | `error.rs` | [`TransportError`] |
+//! | 0 | `peer_transport.rs` | [`Inbound`]: what a transport delivers |
+//! | 0 | `frame_io.rs` | whole frames on QUIC streams, bounded before they are decoded |
+//! | 0 | `metrics.rs` | every metric the transport emits |
+//! | 0 | [`tls`], [`certs`] | TLS configurations; the development CA |
+//!
+//! A link learns that its peer was heard on a connection the peer dialled through
+//! `shared.rs` (it registers there as a `HeardListener`), so connections never name links.
 
 pub mod certs;
+mod config;
 mod connection;
+mod error;
 mod frame_io;
 mod link;
 mod metrics;
+mod peer_transport;
+mod quic;
+mod shared;
 pub mod tls;
-mod transport;
 
+pub use config::{DialTiming, PeerAddr, TransportConfig};
+pub use error::TransportError;
+pub use peer_transport::Inbound;
+pub use quic::Transport;
 pub use tls::TlsFiles;
-pub use transport::{DialTiming, Inbound, PeerAddr, Transport, TransportConfig, TransportError};
