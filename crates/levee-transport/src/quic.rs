@@ -15,7 +15,7 @@ use crate::connection::{self, CLOSE_SHUTDOWN};
 use crate::error::TransportError;
 use crate::link::PeerLink;
 use crate::metrics;
-use crate::peer_transport::Inbound;
+use crate::peer_transport::{Inbound, PeerTransport, ShutdownFuture};
 use crate::shared::{HeardListener, Shared};
 use crate::tls;
 
@@ -210,6 +210,21 @@ impl Transport {
             .endpoint
             .close(CLOSE_SHUTDOWN, b"shutdown");
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, self.inner.shared.endpoint.wait_idle()).await;
+    }
+}
+
+/// The QUIC transport as a node sees it; each method is the inherent one of the same name.
+impl PeerTransport for Transport {
+    fn send(&self, peer: &str, msg: &Message) {
+        Transport::send(self, peer, msg);
+    }
+
+    fn reconnect(&self, peer: &str) {
+        Transport::reconnect(self, peer);
+    }
+
+    fn shutdown(&self) -> ShutdownFuture<'_> {
+        Box::pin(Transport::shutdown(self))
     }
 }
 
