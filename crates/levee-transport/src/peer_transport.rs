@@ -53,7 +53,9 @@ pub type ShutdownFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 ///   a restart, [`reconnect`](PeerTransport::reconnect), or a cut).
 /// - **A `Hello` opens every session.** Before the first message of a new session, each
 ///   side receives the other's `Message::Hello`, so the application sees a peer restart as a
-///   new `incarnation`.
+///   new `incarnation`. A peer's `Hello` may come more than once per session of this node's:
+///   over QUIC each side dials its own connection (and dials back once it hears the other),
+///   and each connection opens with `Hello`s.
 pub trait PeerTransport: Send + Sync {
     /// Sends `msg` to `peer` without waiting, at most once (see the trait's contract).
     fn send(&self, peer: &str, msg: &Message);
@@ -63,7 +65,7 @@ pub trait PeerTransport: Send + Sync {
     /// it.
     fn reconnect(&self, peer: &str);
 
-    /// Stops sending and receiving. Afterwards `send` drops everything and nothing more is
-    /// delivered to this node.
+    /// Stops sending and receiving. Afterwards `send` drops everything and nothing new is
+    /// delivered to this node (what its receiver already holds stays there).
     fn shutdown(&self) -> ShutdownFuture<'_>;
 }
