@@ -21,7 +21,8 @@ use crate::frame_io::{
     FrameError, PAYLOAD_BUDGET_BYTES, STREAM_NO_REPLY, STREAM_REFUSED, read_frame, write_frame,
 };
 use crate::metrics;
-use crate::transport::{Inbound, Shared};
+use crate::peer_transport::Inbound;
+use crate::shared::Shared;
 
 /// Application error code closing a connection when the endpoint shuts down.
 pub(crate) const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);

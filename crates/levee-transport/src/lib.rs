@@ -3,7 +3,17 @@
 //! Levee's node-to-node transport: QUIC (`quinn`) with mutual TLS (`rustls`, `ring`) against
 //! the cluster CA, carrying [`levee_proto`] frames.
 //!
-//! What is guaranteed:
+//! A node talks to its peers through the [`PeerTransport`] trait: fire-and-forget
+//! [`send`](PeerTransport::send) by node id, [`Inbound`] messages on a channel,
+//! [`reconnect`](PeerTransport::reconnect), [`shutdown`](PeerTransport::shutdown). Two
+//! implementations keep the same contract (one conformance suite, `tests/conformance.rs`,
+//! runs against both): the QUIC [`Transport`] between processes, and the in-process
+//! [`MemoryNetwork`] / [`MemoryTransport`], which round-trips every message through the same
+//! frame codec and can cut, isolate and heal links. Request/response
+//! ([`Transport::request`]) is the QUIC transport's own: it is not part of the trait, since
+//! forwarding is to become ordinary messages correlated by request id.
+//!
+//! What the QUIC transport guarantees:
 //! - **Only cluster members talk.** Both sides of every connection present a certificate
 //!   signed by the cluster CA, and nothing else is trusted. A node with any other
 //!   certificate fails the TLS handshake, in either direction, and nothing it sends is
@@ -33,14 +43,47 @@
 //!
 //! [`certs`] makes a development CA and node certificates; [`tls`] builds the QUIC TLS
 //! configurations from PEM files.
+//!
+//! ## Files and layering
+//!
+//! One concept per file. The imports between files form a DAG: each file uses only the
+//! files listed in its row, and no two files import each other.
+//!
+//! | file | what it is | uses |
+//! |---|---|---|
+//! | `peer_transport.rs` | [`PeerTransport`], [`Inbound`]: what a node needs from a transport | — |
+//! | `memory.rs` | [`MemoryNetwork`], [`MemoryTransport`]: the in-process network with faults | `peer_transport` |
+//! | `quic.rs` | [`Transport`]: one node's QUIC endpoint, a link per configured peer, the accept loop; its `PeerTransport` impl | `config`, `error`, `shared`, `connection`, `link`, `metrics`, `tls`, `peer_transport` |
+//! | `link.rs` | the way to one peer: dialling, backoff, the send queue and its writer task | `config`, `error`, `shared`, `connection`, `frame_io`, `metrics` |
+//! | `connection.rs` | one authenticated connection: the `Hello` exchange, then the streams the peer opens | `shared`, `frame_io`, `metrics`, `tls`, `peer_transport` |
+//! | `shared.rs` | what an endpoint's connections and links share; the `HeardListener` a link registers there | `peer_transport` |
+//! | `config.rs` | [`TransportConfig`], [`PeerAddr`], [`DialTiming`] | `tls` |
+//! | `error.rs` | [`TransportError`] | `tls` |
+//! | `frame_io.rs` | whole frames on QUIC streams, bounded before they are decoded | — |
+//! | `metrics.rs` | every metric the QUIC transport emits | — |
+//! | [`tls`] | the QUIC TLS configurations from PEM files | `certs` |
+//! | [`certs`] | the development CA and node certificates | — |
+//!
+//! A link must hear that its peer dialled in (see `link.rs`), yet connections sit below
+//! links: the link registers in `shared.rs` as its peer's `HeardListener`, and connections
+//! call that, so neither `connection.rs` nor `shared.rs` names the link.
 
 pub mod certs;
+mod config;
 mod connection;
+mod error;
 mod frame_io;
 mod link;
+mod memory;
 mod metrics;
+mod peer_transport;
+mod quic;
+mod shared;
 pub mod tls;
-mod transport;
 
+pub use config::{DialTiming, PeerAddr, TransportConfig};
+pub use error::TransportError;
+pub use memory::{DEFAULT_INBOX_CAPACITY, MemoryNetwork, MemoryTransport};
+pub use peer_transport::{Inbound, PeerTransport, ShutdownFuture};
+pub use quic::Transport;
 pub use tls::TlsFiles;
-pub use transport::{DialTiming, Inbound, PeerAddr, Transport, TransportConfig, TransportError};

@@ -14,10 +14,11 @@
 //! waiting —, peer unreachable or backing off, stream failed) is dropped and counted, never
 //! retried — the replication protocol above tolerates loss; while a dial has failed, no new
 //! dial happens before the backoff expires, however many frames are sent — unless the peer is
-//! heard again (see [`PeerLink::heard`]): then the link dials at once, and replaces a dial
-//! under way that is at least [`REDIAL_MIN_AGE`] plus three round trips old, once per
-//! signal. There is never more than one dial in flight per peer (the state lock is held
-//! across it). What waits is visible: `levee_transport_queue_frames{peer}` and `levee_transport_queue_bytes{peer}`.
+//! heard again (the link is the peer's [`HeardListener`]): then the link dials at once, and
+//! replaces a dial under way that is at least [`REDIAL_MIN_AGE`] plus three round trips old,
+//! once per signal. There is never more than one dial in flight per peer (the state lock is
+//! held across it). What waits is visible: `levee_transport_queue_frames{peer}` and
+//! `levee_transport_queue_bytes{peer}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,16 +26,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use quinn::SendStream;
-
 use tokio::sync::{Mutex, Notify, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::config::DialTiming;
 use crate::connection::{PeerConn, connect, refuse};
+use crate::error::TransportError;
 use crate::frame_io::{FrameError, read_frame, write_frame};
-
 use crate::metrics;
-use crate::transport::{DialTiming, Shared, TransportError};
+use crate::shared::{HeardListener, Shared};
 
 /// Frames waiting to be written to one peer; beyond this, new frames are dropped.
 pub(crate) const SEND_QUEUE_FRAMES: usize = 1024;
@@ -139,27 +140,6 @@ impl PeerLink {
         {
             pc.conn.close(RECONNECT, b"peer does not hear us");
             debug!(peer = %self.id, "closed the connection to redial");
-        }
-    }
-
-    /// The peer was heard from (an inbound connection of its completed its `Hello`, or one of
-    /// its frames arrived). If this link is not connected — dialling, or backing off after a
-    /// failed dial — the peer is evidently reachable again: the link gives up its backoff or
-    /// its pending dial (whose lost Initial packets QUIC would resend only after a backed-off
-    /// probe timeout) and dials at once. Many signals in a row coalesce into one redial.
-    pub(crate) fn heard(&self, rtt: Duration) {
-        let down = match self.state.try_lock() {
-            Ok(state) => state
-                .conn
-                .as_ref()
-                .is_none_or(|pc| pc.conn.close_reason().is_some()),
-            // Held by a dial, or (briefly) by a caller taking the live connection.
-            Err(_) => true,
-        };
-        if down {
-            let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
-            self.heard_rtt_us.store(rtt_us, Ordering::Relaxed);
-            self.heard.notify_one();
         }
     }
 
@@ -343,17 +323,25 @@ impl PeerLink {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let t = DialTiming::default();
-        assert_eq!(t.backoff(1), t.backoff_min);
-        assert_eq!(t.backoff(2), t.backoff_min * 2);
-        assert_eq!(t.backoff(3), t.backoff_min * 4);
-        assert_eq!(t.backoff(4), t.backoff_max);
-        assert_eq!(t.backoff(100), t.backoff_max);
+impl HeardListener for PeerLink {
+    /// The peer was heard from (an inbound connection of its completed its `Hello`, or one of
+    /// its frames arrived). If this link is not connected — dialling, or backing off after a
+    /// failed dial — the peer is evidently reachable again: the link gives up its backoff or
+    /// its pending dial (whose lost Initial packets QUIC would resend only after a backed-off
+    /// probe timeout) and dials at once. Many signals in a row coalesce into one redial.
+    fn heard(&self, rtt: Duration) {
+        let down = match self.state.try_lock() {
+            Ok(state) => state
+                .conn
+                .as_ref()
+                .is_none_or(|pc| pc.conn.close_reason().is_some()),
+            // Held by a dial, or (briefly) by a caller taking the live connection.
+            Err(_) => true,
+        };
+        if down {
+            let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+            self.heard_rtt_us.store(rtt_us, Ordering::Relaxed);
+            self.heard.notify_one();
+        }
     }
 }

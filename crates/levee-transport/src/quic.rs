@@ -1,201 +1,29 @@
-//! The public face of the transport: [`Transport`], its configuration and what it delivers.
+//! The QUIC transport: [`Transport`], one node's endpoint, with a link per configured peer
+//! and a task accepting the peers' connections.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use levee_proto::{DecodeError, EncodeError, Hello, Message, encode_frame};
-use tokio::sync::{mpsc, oneshot, watch};
+use levee_proto::{Message, encode_frame};
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
+use crate::config::{DialTiming, TransportConfig};
 use crate::connection::{self, CLOSE_SHUTDOWN};
+use crate::error::TransportError;
 use crate::link::PeerLink;
 use crate::metrics;
-use crate::tls::{self, TlsError, TlsFiles};
+use crate::peer_transport::{Inbound, PeerTransport, ShutdownFuture};
+use crate::shared::{HeardListener, Shared};
+use crate::tls;
 
 /// Messages received but not yet taken from the [`Inbound`] channel; beyond this, readers
 /// wait (and QUIC flow control slows the peers down).
 const INBOUND_QUEUE: usize = 256;
 /// How long [`Transport::shutdown`] waits for connections to finish closing.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
-
-/// Where this node reaches a peer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerAddr {
-    /// The peer's node id: the DNS name its certificate must carry.
-    pub id: String,
-    /// The address to dial (the peer itself, or a proxy in front of it).
-    pub addr: SocketAddr,
-}
-
-/// Everything [`Transport::start`] needs.
-#[derive(Debug, Clone)]
-pub struct TransportConfig {
-    /// The UDP address to listen on (port 0 picks a free one; see [`Transport::local_addr`]).
-    pub bind: SocketAddr,
-    /// This node's id; its certificate must name it, and `hello.node` must equal it.
-    pub node_id: String,
-    /// This node's TLS material.
-    pub tls: TlsFiles,
-    /// The peers this node sends to. Incoming connections are accepted from any holder of a
-    /// cluster certificate, listed here or not.
-    pub peers: Vec<PeerAddr>,
-    /// What this node says first on every connection.
-    pub hello: Hello,
-}
-
-/// How a link dials its peer: how long a dial may take, and how long it waits after failed
-/// dials before the next (from `backoff_min`, doubling with every further failure, up to
-/// `backoff_max`). A peer that is heard again (its inbound connection completes its `Hello`,
-/// or one of its frames arrives) ends the wait, and replaces a dial that has not got through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DialTiming {
-    /// A dial (QUIC and TLS handshake, then `Hello`s: about three round trips) that takes
-    /// longer than this has failed.
-    pub connect_timeout: Duration,
-    /// The wait after the first failed dial.
-    pub backoff_min: Duration,
-    /// The longest wait between two dials of an unreachable peer.
-    pub backoff_max: Duration,
-}
-
-impl Default for DialTiming {
-    /// What [`Transport::start`] uses: dials of 2 s at most (a dial stuck in a partition
-    /// holds the link until it fails or the peer is heard), backoff from 100 ms up to 500 ms
-    /// (a peer cut off for long is still dialled about twice a second; a dial costs one QUIC
-    /// Initial packet while the peer is unreachable).
-    fn default() -> DialTiming {
-        DialTiming {
-            connect_timeout: Duration::from_secs(2),
-            backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_millis(500),
-        }
-    }
-}
-
-impl DialTiming {
-    /// The wait before the next dial after `failures` consecutive failed dials.
-    pub(crate) fn backoff(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(16);
-        self.backoff_min
-            .saturating_mul(1 << doublings)
-            .min(self.backoff_max)
-    }
-}
-
-/// A message from a peer.
-#[derive(Debug)]
-pub struct Inbound {
-    /// The sender's node id, as proven by its certificate (or by the name this node dialled).
-    pub peer: String,
-    /// The message.
-    pub msg: Message,
-    /// For a request: send the answer here (it goes back as one frame). Dropping it resets
-    /// the request stream, so the requester fails at once.
-    pub reply: Option<oneshot::Sender<Message>>,
-}
-
-/// Why a transport operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    /// The TLS material is missing or unusable.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The UDP socket could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The configuration is inconsistent.
-    #[error("invalid transport configuration: {0}")]
-    Config(String),
-    /// The peer is not in [`TransportConfig::peers`].
-    #[error("unknown peer {0:?}")]
-    UnknownPeer(String),
-    /// No connection to the peer (dial failed, or backing off after a failed dial).
-    #[error("peer {peer:?} unreachable: {reason}")]
-    Unreachable {
-        /// The peer.
-        peer: String,
-        /// The last dial error.
-        reason: String,
-    },
-    /// The request got no answer in time.
-    #[error("no reply from {peer:?} within {after:?}")]
-    Timeout {
-        /// The peer.
-        peer: String,
-        /// The timeout.
-        after: Duration,
-    },
-    /// The message is too large to send as one frame.
-    #[error(transparent)]
-    Encode(#[from] EncodeError),
-    /// The peer answered with a frame this node refuses.
-    #[error("reply from {peer:?} refused: {source}")]
-    Refused {
-        /// The peer.
-        peer: String,
-        /// Why.
-        source: DecodeError,
-    },
-    /// The stream failed (reset by the peer — for instance because its application gave no
-    /// answer — or the connection was lost).
-    #[error("stream to {peer:?} failed: {reason}")]
-    Stream {
-        /// The peer.
-        peer: String,
-        /// What happened.
-        reason: String,
-    },
-    /// The peer finished the stream without an answer.
-    #[error("{peer:?} closed the request stream without a reply")]
-    NoReply {
-        /// The peer.
-        peer: String,
-    },
-    /// The transport is shutting down.
-    #[error("transport shut down")]
-    ShutDown,
-}
-
-/// What every connection and link task shares.
-pub(crate) struct Shared {
-    pub(crate) endpoint: quinn::Endpoint,
-    pub(crate) hello: Hello,
-    pub(crate) hello_frame: Vec<u8>,
-    inbound: mpsc::Sender<Inbound>,
-    pub(crate) shutdown: watch::Receiver<bool>,
-    /// The links, to tell them their peer was heard (weak: the links hold `Shared`).
-    links: OnceLock<HashMap<String, Weak<PeerLink>>>,
-}
-
-impl Shared {
-    /// Hands a message to the application; `false` if the transport is shutting down or the
-    /// receiver is gone.
-    pub(crate) async fn deliver(&self, inbound: Inbound) -> bool {
-        let mut shutdown = self.shutdown.clone();
-        tokio::select! {
-            sent = self.inbound.send(inbound) => sent.is_ok(),
-            _ = shutdown.wait_for(|down| *down) => false,
-        }
-    }
-
-    /// `peer` was heard from: an inbound connection of its completed its `Hello`, or a frame
-    /// of its arrived, on a connection whose round trip is estimated at `rtt`. Its link, if it
-    /// is down, dials at once (see [`PeerLink::heard`]).
-    pub(crate) fn heard(&self, peer: &str, rtt: Duration) {
-        if let Some(link) = self.links.get().and_then(|links| links.get(peer))
-            && let Some(link) = link.upgrade()
-        {
-            link.heard(rtt);
-        }
-    }
-}
 
 /// A node's QUIC endpoint: dials peers, accepts them, and moves [`Message`]s both ways.
 ///
@@ -262,14 +90,13 @@ impl Transport {
         let hello_frame = encode_frame(&Message::Hello(cfg.hello.clone()))?;
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(
             endpoint,
-            hello: cfg.hello,
+            cfg.hello,
             hello_frame,
-            inbound: inbound_tx,
-            shutdown: shutdown_rx,
-            links: OnceLock::new(),
-        });
+            inbound_tx,
+            shutdown_rx,
+        ));
 
         let mut links = HashMap::new();
         for peer in cfg.peers {
@@ -282,11 +109,14 @@ impl Transport {
             let link = PeerLink::start(shared.clone(), peer.id.clone(), peer.addr, timing);
             links.insert(peer.id, link);
         }
-        let weak = links
+        let listeners = links
             .iter()
-            .map(|(id, link)| (id.clone(), Arc::downgrade(link)))
+            .map(|(id, link)| {
+                let link: Arc<dyn HeardListener> = link.clone();
+                (id.clone(), Arc::downgrade(&link))
+            })
             .collect();
-        let _ = shared.links.set(weak);
+        shared.set_listeners(listeners);
         tokio::spawn(accept_loop(shared.clone()));
         debug!(node = %cfg.node_id, %local_addr, "transport started");
         let inner = Inner {
@@ -380,6 +210,21 @@ impl Transport {
             .endpoint
             .close(CLOSE_SHUTDOWN, b"shutdown");
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, self.inner.shared.endpoint.wait_idle()).await;
+    }
+}
+
+/// The QUIC transport as a node sees it; each method is the inherent one of the same name.
+impl PeerTransport for Transport {
+    fn send(&self, peer: &str, msg: &Message) {
+        Transport::send(self, peer, msg);
+    }
+
+    fn reconnect(&self, peer: &str) {
+        Transport::reconnect(self, peer);
+    }
+
+    fn shutdown(&self) -> ShutdownFuture<'_> {
+        Box::pin(Transport::shutdown(self))
     }
 }
 

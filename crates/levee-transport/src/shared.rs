@@ -1,0 +1,82 @@
+//! What a QUIC endpoint's connection and link tasks share: [`Shared`] — the endpoint, this
+//! node's `Hello`, the channel to the application, the shutdown signal, and who to tell when
+//! a peer is heard from.
+//!
+//! A link must learn that its peer was heard on a connection the link did not dial (see
+//! [`HeardListener`]). Links are registered here as listeners behind that trait, so that
+//! this module, and the connections that call [`Shared::heard`], do not depend on the link
+//! module, which depends on them.
+
+use std::collections::HashMap;
+use std::sync::{OnceLock, Weak};
+use std::time::Duration;
+
+use levee_proto::Hello;
+use tokio::sync::{mpsc, watch};
+
+use crate::peer_transport::Inbound;
+
+/// Wants to know when a peer is heard from: the link to that peer (`PeerLink`), which dials
+/// at once if it is down.
+pub(crate) trait HeardListener: Send + Sync {
+    /// The peer was heard on a connection whose round trip is estimated at `rtt`.
+    fn heard(&self, rtt: Duration);
+}
+
+/// What every connection and link task shares.
+pub(crate) struct Shared {
+    pub(crate) endpoint: quinn::Endpoint,
+    pub(crate) hello: Hello,
+    pub(crate) hello_frame: Vec<u8>,
+    inbound: mpsc::Sender<Inbound>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+    /// Per peer id, who to tell that the peer was heard (weak: the links hold `Shared`). Set
+    /// once, after the links are made.
+    listeners: OnceLock<HashMap<String, Weak<dyn HeardListener>>>,
+}
+
+impl Shared {
+    /// The state of a new endpoint, with no listeners yet (see [`Shared::set_listeners`]).
+    pub(crate) fn new(
+        endpoint: quinn::Endpoint,
+        hello: Hello,
+        hello_frame: Vec<u8>,
+        inbound: mpsc::Sender<Inbound>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Shared {
+        Shared {
+            endpoint,
+            hello,
+            hello_frame,
+            inbound,
+            shutdown,
+            listeners: OnceLock::new(),
+        }
+    }
+
+    /// Registers who to tell when each peer is heard from; only the first call counts.
+    pub(crate) fn set_listeners(&self, listeners: HashMap<String, Weak<dyn HeardListener>>) {
+        let _ = self.listeners.set(listeners);
+    }
+
+    /// Hands a message to the application; `false` if the transport is shutting down or the
+    /// receiver is gone.
+    pub(crate) async fn deliver(&self, inbound: Inbound) -> bool {
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            sent = self.inbound.send(inbound) => sent.is_ok(),
+            _ = shutdown.wait_for(|down| *down) => false,
+        }
+    }
+
+    /// `peer` was heard from: an inbound connection of its completed its `Hello`, or a frame
+    /// of its arrived, on a connection whose round trip is estimated at `rtt`. Its link, if it
+    /// is down, dials at once (see [`HeardListener`]).
+    pub(crate) fn heard(&self, peer: &str, rtt: Duration) {
+        if let Some(listener) = self.listeners.get().and_then(|l| l.get(peer))
+            && let Some(listener) = listener.upgrade()
+        {
+            listener.heard(rtt);
+        }
+    }
+}
