@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use levee_core::NodeIdx;
 use levee_core::crdt::Tally;
-use levee_proto::{DeltaBatch, Hello, KeyState, MAX_FRAME_BYTES, Message};
+use levee_proto::{DeltaBatch, Hello, KeyEntry, MAX_FRAME_BYTES, Message};
 use levee_transport::certs::{init_ca, issue};
 use levee_transport::{
     DialTiming, Inbound, MemoryNetwork, MemoryTransport, PeerAddr, PeerTransport, TlsFiles,
@@ -251,8 +251,9 @@ async fn a_message_too_large_for_a_frame_is_dropped_and_the_link_stays_up(mut h:
     let (b, mut b_rx) = h.start("b", 1).await;
 
     // Not a `Deltas`: its keys are deflated, and would fit.
-    let huge = Message::RightsRequest {
-        ids: vec![vec![b'k'; MAX_FRAME_BYTES + 1]],
+    let huge = Message::BucketRequest {
+        buckets: 256,
+        wanted: vec![0; MAX_FRAME_BYTES + 1],
     };
     a.send("b", &huge);
     a.send("b", &batch(1, 1));
@@ -271,7 +272,7 @@ async fn a_message_the_decoder_refuses_is_not_delivered_and_the_link_recovers(mu
     let bomb = Message::Deltas(DeltaBatch {
         sent_at_ms: 0,
         ack_ms: 0,
-        keys: vec![KeyState {
+        keys: vec![KeyEntry {
             id: vec![b'k'; MAX_FRAME_BYTES + 1],
             state: levee_core::KeyCrdt::default(),
         }],
@@ -686,7 +687,7 @@ fn batch(seq: u64, keys: usize) -> Message {
         sent_at_ms: seq,
         ack_ms: 0,
         keys: (0..keys)
-            .map(|k| KeyState {
+            .map(|k| KeyEntry {
                 id: format!("api\0\u{ff}key-{seq}-{k}").into_bytes(),
                 state: levee_core::KeyCrdt::default(),
             })
@@ -713,7 +714,7 @@ fn deltas(seq: u64) -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: seq,
         ack_ms: 1_700_000_000_123,
-        keys: vec![KeyState {
+        keys: vec![KeyEntry {
             id: b"api\0acme".to_vec(),
             state,
         }],
