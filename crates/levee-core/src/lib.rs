@@ -37,6 +37,7 @@ pub mod decision;
 pub mod escrow;
 pub mod forecast;
 pub mod replica;
+mod rights;
 pub mod rule;
 pub mod state;
 pub mod time;

@@ -4,10 +4,12 @@
 //! [`Rule`] or a [`RuleError`] naming the rule and the field. A `Rule` is immutable and carries
 //! every figure the decision path needs, already in milliseconds.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::calendar::CalendarPeriod;
-use crate::replica::ReplicaSet;
+use crate::replica::{NodeIdx, ReplicaSet};
 use crate::time::{HumanDuration, Millis};
 
 /// The largest limit, burst or rate a rule may have. It keeps every intermediate product of
@@ -671,6 +673,27 @@ pub struct Target<'r> {
     pub min_fill_ppm: u32,
     /// The capacity split among the nodes, when the rule was bound to the replica set.
     pub split: Option<&'r [u64]>,
+}
+
+impl<'r> Target<'r> {
+    /// The target's capacity split among the nodes of `replicas`: the split bound by
+    /// [`Rule::bind`] when it was bound to a set of this size, else computed.
+    pub(crate) fn static_split(&self, replicas: &ReplicaSet) -> Cow<'r, [u64]> {
+        match self.split {
+            Some(s) if s.len() == replicas.len() => Cow::Borrowed(s),
+            _ => Cow::Owned(replicas.split(self.algorithm.capacity())),
+        }
+    }
+
+    /// `node`'s static share of the target's capacity (0 for a node the bound split does not
+    /// name).
+    #[inline]
+    pub(crate) fn static_share(&self, node: NodeIdx, replicas: &ReplicaSet) -> u64 {
+        match self.split {
+            Some(split) => split.get(usize::from(node.0)).copied().unwrap_or(0),
+            None => replicas.split(self.algorithm.capacity())[usize::from(node.0)],
+        }
+    }
 }
 
 impl Rule {
