@@ -136,6 +136,32 @@ impl Rule {
         Ok(target)
     }
 
+    /// The target a stored key state of this rule belongs to, from the class bucket its key
+    /// id carries (`levee_proto::encode_id` writes [`Target::bucket`] there): what a node
+    /// merges a received delta, a restored snapshot or a rebalanced key against.
+    ///
+    /// * `Some(i)`: class `i`'s own bucket (separate method); `None` if the rule has no
+    ///   class `i` or class `i` has no bucket of its own.
+    /// * `None`: the rule's own bucket — of a rule without classes, or, when it has classes,
+    ///   through its first threshold class (they all draw from it; the target carries that
+    ///   class's `min_fill_ppm`, which deciding reads but merging, rebalancing and usage do
+    ///   not). `None` if every class has its own bucket: no state is stored without one.
+    ///
+    /// Whenever it returns a target, the target's [`Target::bucket`] equals `bucket`, so
+    /// an id re-encoded from the target names the same state. No cost is checked.
+    pub fn target_of_bucket(&self, bucket: Option<u8>) -> Option<Target<'_>> {
+        let class = match bucket {
+            Some(b) => Some(self.classes.get(usize::from(b))?.name.as_str()),
+            None => self
+                .classes
+                .iter()
+                .find(|c| c.own.is_none())
+                .map(|c| c.name.as_str()),
+        };
+        let target = self.target(class, 0).ok()?;
+        (target.bucket == bucket).then_some(target)
+    }
+
     /// Precomputes the split of every capacity among the nodes of `replicas`, so the
     /// decision path does not recompute it. Call again whenever the replica set changes.
     pub fn bind(&mut self, replicas: &ReplicaSet) {

@@ -238,3 +238,66 @@ fn cost_above_capacity_is_the_callers_error() {
         Err(CheckError::MissingClass { .. })
     ));
 }
+
+#[test]
+fn the_target_of_a_stored_bucket_follows_the_rules_classes() {
+    // No classes: only the rule's own bucket is stored.
+    let plain = tb().validate().unwrap();
+    let t = plain.target_of_bucket(None).unwrap();
+    assert_eq!(
+        (t.bucket, t.algorithm.capacity(), t.min_fill_ppm),
+        (None, 200, 0)
+    );
+    assert_eq!(plain.target_of_bucket(Some(0)), None);
+
+    // Threshold classes share the rule's bucket: no bucket index, reached through the first
+    // threshold class.
+    let shared = RuleSpec {
+        classes: vec![
+            class("paid", None, None, None),
+            class("free", Some(0.6), None, None),
+        ],
+        ..tb()
+    }
+    .validate()
+    .unwrap();
+    let t = shared.target_of_bucket(None).unwrap();
+    assert_eq!(t, shared.target(Some("paid"), 0).unwrap());
+    assert_eq!(t.bucket, None);
+    assert_eq!(shared.target_of_bucket(Some(0)), None);
+    assert_eq!(shared.target_of_bucket(Some(1)), None);
+
+    // Separate classes: each index picks that class's own bucket; no index picks nothing.
+    let separate = RuleSpec {
+        class_method: Some(ClassMethod::Separate),
+        classes: vec![
+            class("a", None, Some(30), None),
+            class("b", None, Some(70), None),
+        ],
+        ..window(Some(100))
+    }
+    .validate()
+    .unwrap();
+    let t = separate.target_of_bucket(Some(1)).unwrap();
+    assert_eq!(t, separate.target(Some("b"), 0).unwrap());
+    assert_eq!((t.bucket, t.algorithm.capacity()), (Some(1), 70));
+    assert_eq!(separate.target_of_bucket(Some(0)).unwrap().bucket, Some(0));
+    assert_eq!(separate.target_of_bucket(Some(2)), None);
+    assert_eq!(separate.target_of_bucket(None), None);
+}
+
+#[test]
+fn the_target_of_a_stored_bucket_is_bound_like_a_requests() {
+    let mut separate = RuleSpec {
+        class_method: Some(ClassMethod::Separate),
+        classes: vec![class("a", None, Some(50), Some(10))],
+        ..tb()
+    }
+    .validate()
+    .unwrap();
+    let replicas = crate::ReplicaSet::single("n1", "eu");
+    separate.bind(&replicas);
+    let t = separate.target_of_bucket(Some(0)).unwrap();
+    assert_eq!(t.split, Some(&[50u64][..]));
+    assert_eq!(t, separate.target(Some("a"), 0).unwrap());
+}
