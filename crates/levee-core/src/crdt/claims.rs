@@ -18,13 +18,27 @@ pub struct Claim {
     /// The writer.
     pub node: NodeIdx,
     /// `2 × round + passive`: the writer's claim round, and whether it promised not to raise
-    /// its ceiling in the next round (`1`).
+    /// its ceiling in the next round (`1`). Read it with [`Claim::round`] and
+    /// [`Claim::passive`], write it with [`Claim::step_at`].
+    ///
+    /// The two are packed into one integer for the join, not for size: a claim's progress is
+    /// ordered by `(round, passive)` lexicographically, and the maximum of the packed integer
+    /// is exactly that order. Two fields joined one by one would not be — `(3, active)`
+    /// joined with `(2, passive)` would give `(3, passive)`, a promise the writer never
+    /// made. It is also the wire format.
     pub step: u64,
     /// The most the node may admit in the epoch (tokens).
     pub ceiling: u64,
 }
 
 impl Claim {
+    /// The `step` of claim round `round`, with the promise not to raise in the next round if
+    /// `passive`.
+    #[inline]
+    pub const fn step_at(round: u64, passive: bool) -> u64 {
+        2 * round + passive as u64
+    }
+
     /// The claim round.
     #[inline]
     pub fn round(&self) -> u64 {

@@ -1,8 +1,9 @@
 //! Rules: what is limited, by which algorithm, with which figures.
 //!
 //! A [`RuleSpec`] is what a configuration file says; [`RuleSpec::validate`] turns it into a
-//! [`Rule`] or a [`RuleError`] naming the rule and the field. A `Rule` is immutable and carries
-//! every figure the decision path needs, already in milliseconds.
+//! [`Rule`] or a [`RuleError`] naming the rule and the field. A `Rule` carries every figure
+//! the decision path needs, already in milliseconds; it changes only when [`Rule::bind`]
+//! splits its capacities over a new replica set.
 //!
 //! * `spec`: [`RuleSpec`], what a configuration writes.
 //! * `validate`: [`RuleSpec::validate`], the limits it checks, and the [`Rule`] it builds.

@@ -1,6 +1,6 @@
 //! Validation: a [`RuleSpec`] checked field by field into a [`Rule`], or a [`RuleError`]
-//! naming the rule and the first wrong field. A `Rule` is immutable and carries every figure
-//! the decision path needs, already in milliseconds.
+//! naming the rule and the first wrong field. The rule comes out unbound: [`Rule::bind`]
+//! splits its capacities over the replica set.
 
 use crate::time::{HumanDuration, Millis};
 

@@ -121,7 +121,7 @@ impl KeyState {
         let mut out = mine;
         if want <= mine.ceiling {
             // Enough for now: keep up with the others' rounds and promise not to raise.
-            out.step = out.step.max(2 * round.max(max_w) + 1);
+            out.step = out.step.max(Claim::step_at(round.max(max_w), true));
             return (out, false);
         }
         // The first round this node may raise in (a promise not to raise in the next round
@@ -130,7 +130,9 @@ impl KeyState {
         if min_w != u64::MAX && min_w + 1 < k {
             // Waiting for a participant: declare that it wants to raise (a new round if it
             // had promised not to), keep up, and send the claim again.
-            out.step = out.step.max(2 * (round + passive).max(max_w));
+            out.step = out
+                .step
+                .max(Claim::step_at((round + passive).max(max_w), false));
             return (out, true);
         }
         let mut counted: u128 = 0;
@@ -161,7 +163,7 @@ impl KeyState {
             let mut quiet = true;
             for c in nodes.iter().filter_map(|&n| claims.get(e, n)) {
                 any = true;
-                quiet &= c.step == 2 * (k - 1) + 1;
+                quiet &= c.step == Claim::step_at(k - 1, true);
             }
             if r == mine_region || !(any && quiet) {
                 competing += replicas.region_share(r);
@@ -190,11 +192,11 @@ impl KeyState {
         };
         let raise = part.min(u128::from(want - mine.ceiling)) as u64;
         if raise == 0 {
-            out.step = out.step.max(2 * max_w);
+            out.step = out.step.max(Claim::step_at(max_w, false));
             return (out, false);
         }
         out.ceiling = mine.ceiling + raise;
-        out.step = 2 * k.max(max_w) + u64::from(want <= out.ceiling);
+        out.step = Claim::step_at(k.max(max_w), want <= out.ceiling);
         (out, false)
     }
 

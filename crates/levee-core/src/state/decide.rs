@@ -58,7 +58,7 @@ impl KeyState {
             if give > 0 {
                 slot.tallies.entry(ctx.me).refunded = t.refunded + give;
                 left -= give;
-                self.dirty.tallies = true;
+                self.pending.tallies = true;
             }
         }
         if let Algorithm::TokenBucket { .. } = algo {
@@ -91,7 +91,7 @@ impl KeyState {
             if admitted {
                 tally.consumed += cost;
             }
-            self.dirty.tallies = true;
+            self.pending.tallies = true;
         }
         self.requested = self.requested.saturating_add(cost);
         if ctx.view.consistency == Consistency::Optimistic
@@ -104,14 +104,14 @@ impl KeyState {
         }
         if let Some(c) = ev.next_claim {
             self.crdt.claims.raise(c);
-            self.dirty.claims = true;
+            self.pending.claims = true;
         }
         if let Some(c) = ev.claim {
             self.crdt.claims.raise(c);
-            self.dirty.claims = true;
+            self.pending.claims = true;
         }
         if ev.resend_claim {
-            self.dirty.claims = true;
+            self.pending.claims = true;
         }
         if admitted {
             if ctx.view.consistency == Consistency::Optimistic && !windowed(algo) {

@@ -81,17 +81,17 @@ impl KeyState {
 
     /// Whether this node wrote entries that [`KeyState::take_delta`] has not returned yet.
     pub fn has_delta(&self) -> bool {
-        self.dirty.any()
+        self.pending.any()
     }
 
     /// The entries this node wrote since the last call, as absolute values: its tallies in
     /// every retained epoch, its rows of the transfer matrices, its registers. `None` when
     /// nothing changed.
     pub fn take_delta(&mut self, me: NodeIdx) -> Option<KeyCrdt> {
-        if !self.dirty.any() {
+        if !self.pending.any() {
             return None;
         }
-        let d = std::mem::take(&mut self.dirty);
+        let d = std::mem::take(&mut self.pending);
         let mut out = KeyCrdt::default();
         for slot in &self.crdt.slots {
             let mine = slot.tallies.get(me).filter(|_| d.tallies);

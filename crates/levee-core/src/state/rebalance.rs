@@ -21,15 +21,15 @@ impl KeyState {
             _ => 0,
         };
         if escrow::publish_demand(&mut self.crdt, algo, ctx.me, now, forecast) {
-            self.dirty.demand = true;
+            self.pending.demand = true;
         }
         if ctx.view.consistency != Consistency::Strict {
             return 0;
         }
         let gifts = escrow::give_spare(&mut self.crdt, target, ctx);
-        self.dirty.slot_transfers |= gifts.epoch_transfers;
-        self.dirty.holdings |= gifts.holdings;
-        self.dirty.bucket |= gifts.bucket;
+        self.pending.slot_transfers |= gifts.epoch_transfers;
+        self.pending.holdings |= gifts.holdings;
+        self.pending.bucket |= gifts.bucket;
         gifts.given
     }
 }
