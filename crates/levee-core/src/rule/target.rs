@@ -63,6 +63,7 @@ pub struct Target<'r> {
 impl<'r> Target<'r> {
     /// The target's capacity split among the nodes of `replicas`: the split bound by
     /// [`Rule::bind`] when it was bound to a set of this size, else computed.
+    #[inline]
     pub(crate) fn static_split(&self, replicas: &ReplicaSet) -> Cow<'r, [u64]> {
         match self.split {
             Some(s) if s.len() == replicas.len() => Cow::Borrowed(s),

@@ -25,6 +25,7 @@ impl Allowance {
     /// The allowance in force at sync `sync_gen` in `epoch`: the one kept (`kept`) if it was
     /// taken at the same sync and in the same epoch, else a fresh one starting from what is
     /// left now (an allowance resets at every sync and every epoch).
+    #[inline]
     pub(super) fn in_force(
         kept: Option<Allowance>,
         left_now: i128,

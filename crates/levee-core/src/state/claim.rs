@@ -202,6 +202,7 @@ impl KeyState {
 
     /// Optimistic fixed windows and quotas: feeds the node's demand forecast, which caps what
     /// it claims.
+    #[inline]
     pub(super) fn sample_demand(&mut self, target: &Target<'_>, ctx: &DecideCtx<'_>) {
         if ctx.view.consistency != Consistency::Optimistic || !windowed(target.algorithm) {
             return;

@@ -34,6 +34,7 @@ pub(super) enum Reset {
 }
 
 impl Reset {
+    #[inline]
     pub(super) fn ms(self, taken: bool) -> u64 {
         match self {
             Reset::Known { taken: t, kept } => {

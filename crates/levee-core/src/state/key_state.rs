@@ -112,10 +112,12 @@ impl KeyState {
     }
 
     /// Optimistic mode's bookkeeping, if this node keeps any for the key.
+    #[inline]
     pub(super) fn optimistic(&self) -> Option<&OptimisticBook> {
         self.demand_book.as_ref()?.optimistic.as_deref()
     }
 
+    #[inline]
     pub(super) fn optimistic_mut(&mut self, now: Millis) -> &mut OptimisticBook {
         self.demand_book_mut(now)
             .optimistic
@@ -123,6 +125,7 @@ impl KeyState {
     }
 
     /// This node's demand forecast for the key, if it keeps one.
+    #[inline]
     pub(super) fn forecast(&self) -> Option<&Forecast> {
         self.demand_book.as_ref().map(|c| &c.forecast)
     }
@@ -150,6 +153,7 @@ impl KeyState {
     }
 
     /// The node's own sub-bucket: level after refill (nanotokens) and capacity (units).
+    #[inline]
     pub(super) fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, u64) {
         let Algorithm::TokenBucket {
             rate,
@@ -173,6 +177,7 @@ impl KeyState {
 
     /// Writes this node's sub-bucket register. A clock that went backwards does not refill
     /// twice: the register keeps the later time.
+    #[inline]
     pub(super) fn set_level(&mut self, me: NodeIdx, level_nt: i128, now: Millis) {
         write_level(self.crdt.buckets.entry(me), level_nt, now);
         self.pending.bucket = true;
