@@ -73,6 +73,9 @@ impl KeyState {
         decision_of(algo, RuleMode::Enforce, 0, &ev, false, true, ctx)
     }
 
+    /// Commits an evaluated check of `cost`: counts the request, records the claims the
+    /// evaluation raised and, if `admitted`, takes the cost (from the epoch's tally, the
+    /// optimistic allowance or the sub-bucket).
     fn commit(
         &mut self,
         target: &Target<'_>,
