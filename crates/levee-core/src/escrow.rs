@@ -17,12 +17,17 @@
 //!
 //! Donors keep what their own forecast says they need, plus a margin; the forecast has a long
 //! memory so noise does not give rights away (see [`crate::forecast`]).
+//!
+//! The escrow works on a key's replicated state ([`KeyCrdt`]) only: it is handed the node's
+//! own forecast, writes this node's demand register and rows, and reports what it wrote
+//! (`Gifts`) so that the key's state can send it. [`crate::KeyState::rebalance`] is the
+//! public entry point.
 
-use crate::crdt::{DemandReg, TransferMatrix};
-use crate::decision::{ClusterView, Consistency};
+use crate::crdt::{DemandReg, KeyCrdt, TransferMatrix};
+use crate::decision::ClusterView;
 use crate::replica::{NodeIdx, ReplicaSet};
+use crate::rights::{NANO, holdings, sub_bucket_level, write_level};
 use crate::rule::{Algorithm, Target};
-use crate::state::{KeyState, NANO, holdings, sub_bucket_level};
 use crate::time::Millis;
 
 /// How far ahead a node reserves rights for its own forecast demand. Windows shorter than
@@ -60,273 +65,288 @@ enum Scope {
     Continuous,
 }
 
-impl KeyState {
-    /// Updates this node's demand forecast and, in strict mode, gives spare rights toward
-    /// demand. Returns the rights given. Call it every gossip interval for keys with recent
-    /// activity, and when a peer asks for rights; then send [`KeyState::take_delta`].
-    pub fn rebalance(&mut self, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
-        let algo = *target.algorithm;
-        let now = ctx.now;
-        let e = algo.epoch(now);
-        let epoch_len = algo.epoch_len(now);
-        self.sample_forecast(now, epoch_len);
-        let me_owner = ctx.owner == ctx.me;
-        let forecast = match self.forecast() {
-            Some(f) if me_owner => f.expected(epoch_len),
-            _ => 0,
-        };
-        let split = match target.split {
-            Some(s) => s.to_vec(),
-            None => ctx.replicas.split(algo.capacity()),
-        };
-        let received = match algo.rights_per_epoch() {
-            true => self
-                .crdt
-                .slot(e)
-                .map_or(0, |s| s.transfers.received_by(ctx.me)),
-            false => self.crdt.holdings.received_by(ctx.me),
-        };
-        let published = self.crdt.demand.get(ctx.me).copied().unwrap_or_default();
-        // Nothing to publish while the register would say what its absence says (no demand,
-        // nothing received): replicas that only merged a key do not gossip a register for it.
-        if published.forecast != forecast || published.received != received {
-            *self.crdt.demand.entry(ctx.me) = DemandReg {
-                seq: published.seq + 1,
-                forecast,
-                received,
-            };
-            self.mark_demand_dirty();
-        }
-        if ctx.view.consistency != Consistency::Strict {
-            return 0;
-        }
-        let scopes: Vec<Scope> = if algo.rights_per_epoch() {
-            let end = algo.epoch_end(e);
-            vec![
-                Scope::Epoch {
-                    epoch: e,
-                    remaining_ms: end - now,
-                    len_ms: epoch_len,
-                },
-                Scope::Epoch {
-                    epoch: e + 1,
-                    remaining_ms: algo.epoch_len(end),
-                    len_ms: algo.epoch_len(end),
-                },
-            ]
-        } else {
-            vec![Scope::Continuous]
-        };
-        let mut given = 0;
-        for scope in scopes {
-            given += self.rebalance_scope(target, &algo, &split, scope, ctx);
-        }
-        given
-    }
+/// What one rebalancing step gave, and which of this node's entries it wrote: the key's
+/// state sends those in its next delta.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Gifts {
+    /// Rights given away, in tokens.
+    pub(crate) given: u64,
+    /// This node's row of an epoch's transfer matrix grew (fixed windows and quotas).
+    pub(crate) epoch_transfers: bool,
+    /// This node's row of the continuous holdings grew (sliding windows and token buckets).
+    pub(crate) holdings: bool,
+    /// This node's sub-bucket register was re-anchored before its capacity shrank.
+    pub(crate) bucket: bool,
+}
 
-    fn rebalance_scope(
-        &mut self,
-        target: &Target<'_>,
-        algo: &Algorithm,
-        split: &[u64],
-        scope: Scope,
-        ctx: &RebalanceCtx<'_>,
-    ) -> u64 {
-        let replicas = ctx.replicas;
-        let me = ctx.me;
-        // What every node holds and needs, as far as this node knows.
-        let n = replicas.len();
-        let mut held = vec![0u64; n];
-        let mut need = vec![0u64; n];
-        let mut received_seen = vec![0u64; n];
-        let matrix = self.matrix(scope).cloned().unwrap_or_default();
-        for node in replicas.nodes() {
-            let i = usize::from(node.0);
-            held[i] = holdings(split.get(i).copied().unwrap_or(0), &matrix, node);
-            let reg = self.crdt.demand.get(node).copied().unwrap_or_default();
-            received_seen[i] = reg.received;
-            need[i] = self.need_of(algo, node, reg.forecast, scope, ctx.now);
+/// Writes this node's demand register: its `forecast` (tokens per epoch; 0 unless it owns
+/// the key in its region) and the rights it has seen transferred to it, which donors read to
+/// bound what is still in flight towards it. Returns whether the register was written.
+///
+/// Nothing is written while the register would say what its absence says (no demand,
+/// nothing received): replicas that only merged a key do not gossip a register for it.
+pub(crate) fn publish_demand(
+    crdt: &mut KeyCrdt,
+    algo: &Algorithm,
+    me: NodeIdx,
+    now: Millis,
+    forecast: u64,
+) -> bool {
+    let received = match algo.rights_per_epoch() {
+        true => crdt
+            .slot(algo.epoch(now))
+            .map_or(0, |s| s.transfers.received_by(me)),
+        false => crdt.holdings.received_by(me),
+    };
+    let published = crdt.demand.get(me).copied().unwrap_or_default();
+    if published.forecast == forecast && published.received == received {
+        return false;
+    }
+    *crdt.demand.entry(me) = DemandReg {
+        seq: published.seq + 1,
+        forecast,
+        received,
+    };
+    true
+}
+
+/// Strict mode: gives this node's spare rights toward demand, in every scope the algorithm
+/// holds rights in (the current and the next epoch, or the continuous holdings). Only this
+/// node's own rows are written, and never more than it holds beyond what it needs.
+pub(crate) fn give_spare(crdt: &mut KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Gifts {
+    let algo = *target.algorithm;
+    let now = ctx.now;
+    let e = algo.epoch(now);
+    let epoch_len = algo.epoch_len(now);
+    let split = match target.split {
+        Some(s) => s.to_vec(),
+        None => ctx.replicas.split(algo.capacity()),
+    };
+    let scopes: Vec<Scope> = if algo.rights_per_epoch() {
+        let end = algo.epoch_end(e);
+        vec![
+            Scope::Epoch {
+                epoch: e,
+                remaining_ms: end - now,
+                len_ms: epoch_len,
+            },
+            Scope::Epoch {
+                epoch: e + 1,
+                remaining_ms: algo.epoch_len(end),
+                len_ms: algo.epoch_len(end),
+            },
+        ]
+    } else {
+        vec![Scope::Continuous]
+    };
+    let mut gifts = Gifts::default();
+    for scope in scopes {
+        rebalance_scope(crdt, target, &algo, &split, scope, ctx, &mut gifts);
+    }
+    gifts
+}
+
+/// Gives spare rights of one scope, adding what it gave and wrote to `gifts`.
+fn rebalance_scope(
+    crdt: &mut KeyCrdt,
+    target: &Target<'_>,
+    algo: &Algorithm,
+    split: &[u64],
+    scope: Scope,
+    ctx: &RebalanceCtx<'_>,
+    gifts: &mut Gifts,
+) {
+    let replicas = ctx.replicas;
+    let me = ctx.me;
+    // What every node holds and needs, as far as this node knows.
+    let n = replicas.len();
+    let mut held = vec![0u64; n];
+    let mut need = vec![0u64; n];
+    let mut received_seen = vec![0u64; n];
+    let matrix = matrix(crdt, scope).cloned().unwrap_or_default();
+    for node in replicas.nodes() {
+        let i = usize::from(node.0);
+        held[i] = holdings(split.get(i).copied().unwrap_or(0), &matrix, node);
+        let reg = crdt.demand.get(node).copied().unwrap_or_default();
+        received_seen[i] = reg.received;
+        need[i] = need_of(crdt, algo, node, reg.forecast, scope, ctx.now);
+    }
+    let mi = usize::from(me.0);
+    let spare_of = |i: usize| held[i].saturating_sub(need[i]);
+    let my_spare = spare_of(mi);
+    if my_spare == 0 {
+        return;
+    }
+    let in_flight_ok = |to: NodeIdx| {
+        let sent = matrix.received_by(to);
+        sent.saturating_sub(received_seen[usize::from(to.0)]) < ctx.max_in_flight
+    };
+    let room = |to: NodeIdx| {
+        ctx.max_in_flight.saturating_sub(
+            matrix
+                .received_by(to)
+                .saturating_sub(received_seen[usize::from(to.0)]),
+        )
+    };
+    let mut plan: Vec<(NodeIdx, u64)> = Vec::new();
+    if ctx.owner != me {
+        // A region-mate of the owner: everything spare goes to the owner.
+        if !ctx.view.acting_alone && in_flight_ok(ctx.owner) {
+            plan.push((ctx.owner, my_spare.min(room(ctx.owner))));
         }
-        let mi = usize::from(me.0);
-        let spare_of = |i: usize| held[i].saturating_sub(need[i]);
-        let my_spare = spare_of(mi);
-        if my_spare == 0 {
-            return 0;
+    } else {
+        let reachable =
+            |node: NodeIdx| node != me && !ctx.view.unreachable.contains(replicas.region_of(node));
+        let wants: Vec<(NodeIdx, u64)> = replicas
+            .nodes()
+            .filter(|&m| reachable(m))
+            .map(|m| {
+                (
+                    m,
+                    need[usize::from(m.0)].saturating_sub(held[usize::from(m.0)]),
+                )
+            })
+            .filter(|&(_, w)| w > 0)
+            .collect();
+        let total_want: u64 = wants.iter().map(|w| w.1).sum();
+        if total_want == 0 {
+            return;
         }
-        let in_flight_ok = |to: NodeIdx| {
-            let sent = matrix.received_by(to);
-            sent.saturating_sub(received_seen[usize::from(to.0)]) < ctx.max_in_flight
-        };
-        let room = |to: NodeIdx| {
-            ctx.max_in_flight.saturating_sub(
-                matrix
-                    .received_by(to)
-                    .saturating_sub(received_seen[usize::from(to.0)]),
-            )
-        };
-        let mut gifts: Vec<(NodeIdx, u64)> = Vec::new();
-        if ctx.owner != me {
-            // A region-mate of the owner: everything spare goes to the owner.
-            if !ctx.view.acting_alone && in_flight_ok(ctx.owner) {
-                gifts.push((ctx.owner, my_spare.min(room(ctx.owner))));
-            }
-        } else {
-            let reachable = |node: NodeIdx| {
-                node != me && !ctx.view.unreachable.contains(replicas.region_of(node))
-            };
-            let wants: Vec<(NodeIdx, u64)> = replicas
-                .nodes()
-                .filter(|&m| reachable(m))
-                .map(|m| {
-                    (
-                        m,
-                        need[usize::from(m.0)].saturating_sub(held[usize::from(m.0)]),
-                    )
-                })
-                .filter(|&(_, w)| w > 0)
-                .collect();
-            let total_want: u64 = wants.iter().map(|w| w.1).sum();
-            if total_want == 0 {
-                return 0;
-            }
-            let total_spare: u64 = (0..n).map(spare_of).sum::<u64>().max(my_spare);
-            // My part of the needs, but never more than I can spare.
-            let mine = (u128::from(total_want) * u128::from(my_spare))
-                .div_ceil(u128::from(total_spare)) as u64;
-            let budget = mine.min(my_spare);
-            for (m, want) in wants {
-                if !in_flight_ok(m) {
-                    continue;
-                }
-                let part =
-                    (u128::from(budget) * u128::from(want)).div_ceil(u128::from(total_want)) as u64;
-                gifts.push((m, part.min(want).min(room(m))));
-            }
-        }
-        let mut left = my_spare;
-        let mut given = 0;
-        for (to, units) in gifts {
-            let units = units.min(left);
-            if units == 0 {
+        let total_spare: u64 = (0..n).map(spare_of).sum::<u64>().max(my_spare);
+        // My part of the needs, but never more than I can spare.
+        let mine = (u128::from(total_want) * u128::from(my_spare)).div_ceil(u128::from(total_spare))
+            as u64;
+        let budget = mine.min(my_spare);
+        for (m, want) in wants {
+            if !in_flight_ok(m) {
                 continue;
             }
-            self.give(target, scope, to, units, ctx);
-            left -= units;
-            given += units;
+            let part =
+                (u128::from(budget) * u128::from(want)).div_ceil(u128::from(total_want)) as u64;
+            plan.push((m, part.min(want).min(room(m))));
         }
-        given
     }
+    let mut left = my_spare;
+    for (to, units) in plan {
+        let units = units.min(left);
+        if units == 0 {
+            continue;
+        }
+        give(crdt, target, scope, to, units, ctx, gifts);
+        left -= units;
+        gifts.given += units;
+    }
+}
 
-    /// What `node` needs in `scope`, from its forecast (tokens per epoch) and what it used.
-    fn need_of(
-        &self,
-        algo: &Algorithm,
-        node: NodeIdx,
-        forecast: u64,
-        scope: Scope,
-        now: Millis,
-    ) -> u64 {
-        let with_margin = |x: u64| x + (x * MARGIN_PERCENT).div_ceil(100);
-        match (scope, *algo) {
-            (
-                Scope::Epoch {
-                    epoch,
-                    remaining_ms,
-                    len_ms,
-                },
-                _,
-            ) => {
-                let used = self
-                    .crdt
-                    .slot(epoch)
+/// What `node` needs in `scope`, from its forecast (tokens per epoch) and what it used.
+fn need_of(
+    crdt: &KeyCrdt,
+    algo: &Algorithm,
+    node: NodeIdx,
+    forecast: u64,
+    scope: Scope,
+    now: Millis,
+) -> u64 {
+    let with_margin = |x: u64| x + (x * MARGIN_PERCENT).div_ceil(100);
+    match (scope, *algo) {
+        (
+            Scope::Epoch {
+                epoch,
+                remaining_ms,
+                len_ms,
+            },
+            _,
+        ) => {
+            let used = crdt
+                .slot(epoch)
+                .and_then(|s| s.tallies.get(node))
+                .map_or(0, |t| t.net());
+            // Demand is forecast over at most the horizon: rights can still move later,
+            // and a long window (a day's quota) must not keep a burst's rate for hours.
+            let ahead = remaining_ms.min(HORIZON_MS);
+            let rest = (u128::from(forecast) * u128::from(ahead))
+                .div_ceil(u128::from(len_ms.max(1))) as u64;
+            used + with_margin(rest)
+        }
+        (Scope::Continuous, Algorithm::SlidingWindow { window_ms, .. }) => {
+            // Weighted usage must stay covered; beyond it, a window's worth of demand.
+            let e = algo.epoch(now);
+            let el = now - algo.epoch_start(e);
+            let net = |ep: u64| {
+                crdt.slot(ep)
                     .and_then(|s| s.tallies.get(node))
-                    .map_or(0, |t| t.net());
-                // Demand is forecast over at most the horizon: rights can still move later,
-                // and a long window (a day's quota) must not keep a burst's rate for hours.
-                let ahead = remaining_ms.min(HORIZON_MS);
-                let rest = (u128::from(forecast) * u128::from(ahead))
-                    .div_ceil(u128::from(len_ms.max(1))) as u64;
-                used + with_margin(rest)
-            }
-            (Scope::Continuous, Algorithm::SlidingWindow { window_ms, .. }) => {
-                // Weighted usage must stay covered; beyond it, a window's worth of demand.
-                let e = algo.epoch(now);
-                let el = now - algo.epoch_start(e);
-                let net = |ep: u64| {
-                    self.crdt
-                        .slot(ep)
-                        .and_then(|s| s.tallies.get(node))
-                        .map_or(0, |t| t.net())
-                };
-                let w = u128::from(window_ms);
-                let weighted = (u128::from(net(e)) * w
-                    + u128::from(net(e.wrapping_sub(1))) * (w - u128::from(el)))
-                .div_ceil(w) as u64;
-                let ahead = (u128::from(forecast) * u128::from(window_ms.min(HORIZON_MS)))
-                    .div_ceil(w) as u64;
-                weighted.max(with_margin(ahead))
-            }
-            (Scope::Continuous, Algorithm::TokenBucket { rate, burst, .. }) => {
-                // Units whose refill covers the forecast demand per refill period.
-                let units = (u128::from(with_margin(forecast)) * u128::from(burst))
-                    .div_ceil(u128::from(rate)) as u64;
-                units.min(burst)
-            }
-            (Scope::Continuous, _) => with_margin(forecast),
+                    .map_or(0, |t| t.net())
+            };
+            let w = u128::from(window_ms);
+            let weighted = (u128::from(net(e)) * w
+                + u128::from(net(e.wrapping_sub(1))) * (w - u128::from(el)))
+            .div_ceil(w) as u64;
+            let ahead =
+                (u128::from(forecast) * u128::from(window_ms.min(HORIZON_MS))).div_ceil(w) as u64;
+            weighted.max(with_margin(ahead))
         }
-    }
-
-    fn matrix(&self, scope: Scope) -> Option<&TransferMatrix> {
-        match scope {
-            Scope::Epoch { epoch, .. } => self.crdt.slot(epoch).map(|s| &s.transfers),
-            Scope::Continuous => Some(&self.crdt.holdings),
+        (Scope::Continuous, Algorithm::TokenBucket { rate, burst, .. }) => {
+            // Units whose refill covers the forecast demand per refill period.
+            let units = (u128::from(with_margin(forecast)) * u128::from(burst))
+                .div_ceil(u128::from(rate)) as u64;
+            units.min(burst)
         }
+        (Scope::Continuous, _) => with_margin(forecast),
     }
+}
 
-    /// Records a gift in this node's row. A token bucket first re-anchors its level at the
-    /// old rate and clips it to the smaller capacity, so that no refill is counted at a rate
-    /// the node no longer has and no clipped token comes back later.
-    fn give(
-        &mut self,
-        target: &Target<'_>,
-        scope: Scope,
-        to: NodeIdx,
-        units: u64,
-        ctx: &RebalanceCtx<'_>,
-    ) {
-        match scope {
-            Scope::Epoch { epoch, .. } => {
-                self.crdt.slot_mut(epoch).transfers.give(ctx.me, to, units);
-                self.mark_transfers_dirty(false);
+/// The transfer matrix of `scope`, if the key holds it.
+fn matrix(crdt: &KeyCrdt, scope: Scope) -> Option<&TransferMatrix> {
+    match scope {
+        Scope::Epoch { epoch, .. } => crdt.slot(epoch).map(|s| &s.transfers),
+        Scope::Continuous => Some(&crdt.holdings),
+    }
+}
+
+/// Records a gift in this node's row. A token bucket first re-anchors its level at the
+/// old rate and clips it to the smaller capacity, so that no refill is counted at a rate
+/// the node no longer has and no clipped token comes back later.
+fn give(
+    crdt: &mut KeyCrdt,
+    target: &Target<'_>,
+    scope: Scope,
+    to: NodeIdx,
+    units: u64,
+    ctx: &RebalanceCtx<'_>,
+    gifts: &mut Gifts,
+) {
+    match scope {
+        Scope::Epoch { epoch, .. } => {
+            crdt.slot_mut(epoch).transfers.give(ctx.me, to, units);
+            gifts.epoch_transfers = true;
+        }
+        Scope::Continuous => {
+            if let Algorithm::TokenBucket {
+                rate,
+                per_ms,
+                burst,
+            } = *target.algorithm
+            {
+                let base = target
+                    .split
+                    .and_then(|s| s.get(usize::from(ctx.me.0)).copied());
+                let base = base.unwrap_or_else(|| ctx.replicas.split(burst)[usize::from(ctx.me.0)]);
+                let units_before = holdings(base, &crdt.holdings, ctx.me);
+                let level = sub_bucket_level(
+                    crdt.buckets.get(ctx.me),
+                    base,
+                    units_before,
+                    (rate, per_ms, burst),
+                    ctx.now,
+                );
+                let cap_after = i128::from(units_before - units.min(units_before)) * NANO;
+                crdt.holdings.give(ctx.me, to, units);
+                write_level(crdt.buckets.entry(ctx.me), level.min(cap_after), ctx.now);
+                gifts.bucket = true;
+            } else {
+                crdt.holdings.give(ctx.me, to, units);
             }
-            Scope::Continuous => {
-                if let Algorithm::TokenBucket {
-                    rate,
-                    per_ms,
-                    burst,
-                } = *target.algorithm
-                {
-                    let base = target
-                        .split
-                        .and_then(|s| s.get(usize::from(ctx.me.0)).copied());
-                    let base =
-                        base.unwrap_or_else(|| ctx.replicas.split(burst)[usize::from(ctx.me.0)]);
-                    let units_before = holdings(base, &self.crdt.holdings, ctx.me);
-                    let level = sub_bucket_level(
-                        self.crdt.buckets.get(ctx.me),
-                        base,
-                        units_before,
-                        (rate, per_ms, burst),
-                        ctx.now,
-                    );
-                    let cap_after = i128::from(units_before - units.min(units_before)) * NANO;
-                    self.crdt.holdings.give(ctx.me, to, units);
-                    self.set_level(ctx.me, level.min(cap_after), ctx.now);
-                } else {
-                    self.crdt.holdings.give(ctx.me, to, units);
-                }
-                self.mark_transfers_dirty(true);
-            }
+            gifts.holdings = true;
         }
     }
 }

@@ -13,6 +13,7 @@
 //! * [`state`]: [`KeyState`], which decides, refunds, merges deltas and extracts them.
 //! * [`escrow`]: strict mode's rebalancing of spare rights toward demand.
 //! * [`decision`]: what a decision says and the context it is made in.
+//! * [`hash`]: the one stable hash (FNV-1a), for whatever every node must compute alike.
 //!
 //! ```
 //! use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, RuleSpec};
@@ -36,7 +37,9 @@ pub mod crdt;
 pub mod decision;
 pub mod escrow;
 pub mod forecast;
+pub mod hash;
 pub mod replica;
+mod rights;
 pub mod rule;
 pub mod state;
 pub mod time;

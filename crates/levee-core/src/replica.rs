@@ -10,6 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hash::Fnv1a;
+
 /// Position of a node in the agreed replica list. The same on every node of the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeIdx(pub u16);
@@ -346,22 +348,19 @@ impl ReplicaSet {
     }
 
     fn compute_digest(&self) -> u64 {
-        // FNV-1a: stable across platforms and Rust versions, unlike `std`'s hashers.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        // Every field is followed by a 0xff byte, which no UTF-8 id or region name holds, so
+        // that moving bytes from one field to the next changes the digest.
+        let mut h = Fnv1a::new();
         let mut feed = |bytes: &[u8]| {
-            for b in bytes {
-                h ^= u64::from(*b);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            h.write(bytes);
+            h.write(&[0xff]);
         };
         for n in &self.nodes {
             feed(n.id.as_bytes());
             feed(self.regions[n.region.0 as usize].name.as_bytes());
             feed(&n.weight.to_le_bytes());
         }
-        h
+        h.finish()
     }
 }
 
@@ -497,5 +496,16 @@ mod tests {
         let b = ReplicaSet::new(&regions, &nodes).unwrap();
         assert_ne!(a.digest(), b.digest());
         assert_eq!(a.digest(), three_by_two().digest());
+    }
+
+    /// Peers compare digests on connect, across versions: the digest of a given list never
+    /// changes.
+    #[test]
+    fn digest_is_stable_across_versions() {
+        assert_eq!(three_by_two().digest(), 0x951a_96ef_97b8_ea72);
+        assert_eq!(
+            ReplicaSet::single("n1", "eu").digest(),
+            0x1257_4e2f_8ee3_a2f2
+        );
     }
 }

@@ -1,0 +1,100 @@
+//! The replicated state of one key, composed of the lattices beside this file.
+
+use serde::{Deserialize, Serialize};
+use thin_vec::ThinVec;
+
+use crate::replica::NodeIdx;
+
+use super::claims::Claims;
+use super::epoch_slot::EpochSlot;
+use super::lattice::Lattice;
+use super::node_map::NodeMap;
+use super::registers::{BucketReg, DemandReg};
+use super::transfers::TransferMatrix;
+
+/// The replicated state of one key (of one rule, and class bucket where classes are
+/// separate). A delta is a value of the same type holding only some entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCrdt {
+    /// Per-epoch slots, ascending by epoch.
+    pub slots: ThinVec<EpochSlot>,
+    /// Continuous rights transfers (token buckets and sliding windows).
+    pub holdings: TransferMatrix,
+    /// Token-bucket levels per node.
+    pub buckets: NodeMap<BucketReg>,
+    /// Demand forecasts per node.
+    pub demand: NodeMap<DemandReg>,
+    /// Optimistic mode's claims per node and epoch (empty in strict mode).
+    pub claims: Claims,
+}
+
+impl KeyCrdt {
+    /// The slot of `epoch`, if held.
+    #[inline]
+    pub fn slot(&self, epoch: u64) -> Option<&EpochSlot> {
+        self.slots.iter().rev().find(|s| s.epoch == epoch)
+    }
+
+    /// The slot of `epoch`, created empty if missing.
+    #[inline]
+    pub fn slot_mut(&mut self, epoch: u64) -> &mut EpochSlot {
+        let pos = match self.slots.iter().rposition(|s| s.epoch == epoch) {
+            Some(i) => i,
+            None => {
+                let i = self.slots.partition_point(|s| s.epoch < epoch);
+                self.slots.reserve_exact(1);
+                self.slots.insert(i, EpochSlot::new(epoch));
+                i
+            }
+        };
+        &mut self.slots[pos]
+    }
+
+    /// Drops slots outside `[oldest, newest]`. Past epochs are kept only for a bounded time.
+    pub fn retain_epochs(&mut self, oldest: u64, newest: u64) {
+        self.slots
+            .retain(|s| s.epoch >= oldest && s.epoch <= newest);
+        self.claims.retain_epochs(oldest, newest);
+    }
+
+    /// Whether the state holds no entry at all.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+            && self.holdings.is_empty()
+            && self.buckets.is_empty()
+            && self.demand.is_empty()
+            && self.claims.is_empty()
+    }
+
+    /// The highest node index any entry names (to check a remote delta against the replica
+    /// set before it is merged).
+    pub fn max_node(&self) -> Option<NodeIdx> {
+        let slots = self.slots.iter().flat_map(|s| {
+            s.tallies
+                .iter()
+                .map(|(n, _)| n)
+                .chain(s.transfers.cells().iter().flat_map(|c| [c.from, c.to]))
+        });
+        let holdings = self.holdings.cells().iter().flat_map(|c| [c.from, c.to]);
+        slots
+            .chain(holdings)
+            .chain(self.buckets.iter().map(|(n, _)| n))
+            .chain(self.demand.iter().map(|(n, _)| n))
+            .chain(self.claims.iter().map(|c| c.node))
+            .max()
+    }
+}
+
+impl Lattice for KeyCrdt {
+    fn join(&mut self, other: &KeyCrdt) -> bool {
+        let mut changed = false;
+        for s in &other.slots {
+            changed |= self.slot_mut(s.epoch).join(s);
+        }
+        changed |= self.holdings.join(&other.holdings);
+        changed |= self.buckets.join(&other.buckets);
+        changed |= self.demand.join(&other.demand);
+        changed |= self.claims.join(&other.claims);
+        changed
+    }
+}

@@ -1,0 +1,165 @@
+//! An algorithm's validated figures and the arithmetic of its epochs: which window, period or
+//! refill period contains a time, where it starts and ends, and how many a key keeps.
+
+use serde::{Deserialize, Serialize};
+
+use crate::calendar::CalendarPeriod;
+use crate::time::Millis;
+
+/// The name of an algorithm, as written in a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    /// `rate` tokens per `per`, bucket of `burst`.
+    TokenBucket,
+    /// `limit` per `window`, windows aligned to the Unix epoch.
+    FixedWindow,
+    /// The weighted two-window counter: current + previous × overlap.
+    SlidingWindow,
+    /// `limit` per calendar day or month in UTC.
+    Quota,
+}
+
+/// The figures of one algorithm, validated, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case")]
+pub enum Algorithm {
+    /// `rate` tokens per `per_ms`, capacity `burst`.
+    TokenBucket {
+        /// Tokens per `per_ms`.
+        rate: u64,
+        /// Refill period in ms.
+        per_ms: Millis,
+        /// Capacity.
+        burst: u64,
+    },
+    /// `limit` per aligned window.
+    FixedWindow {
+        /// Tokens per window.
+        limit: u64,
+        /// Window length in ms.
+        window_ms: Millis,
+    },
+    /// Weighted two-window counter.
+    SlidingWindow {
+        /// Tokens per window.
+        limit: u64,
+        /// Window length in ms.
+        window_ms: Millis,
+    },
+    /// `limit` per calendar period.
+    Quota {
+        /// Tokens per period.
+        limit: u64,
+        /// Day or month, UTC.
+        period: CalendarPeriod,
+    },
+}
+
+impl Algorithm {
+    /// The global limit: tokens per window, or the bucket's capacity.
+    #[inline]
+    pub fn capacity(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { burst, .. } => burst,
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::Quota { limit, .. } => limit,
+        }
+    }
+
+    /// The epoch (window, period or refill period number) that contains `now`. Demand and
+    /// usage are counted per epoch; window algorithms also hold rights per epoch.
+    #[inline]
+    pub fn epoch(&self, now: Millis) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { per_ms, .. } => now / per_ms,
+            Algorithm::FixedWindow { window_ms, .. }
+            | Algorithm::SlidingWindow { window_ms, .. } => now / window_ms,
+            Algorithm::Quota { period, .. } => period.index(now),
+        }
+    }
+
+    /// Start of an epoch in ms.
+    #[inline]
+    pub fn epoch_start(&self, epoch: u64) -> Millis {
+        match *self {
+            Algorithm::TokenBucket { per_ms: w, .. }
+            | Algorithm::FixedWindow { window_ms: w, .. }
+            | Algorithm::SlidingWindow { window_ms: w, .. } => epoch.saturating_mul(w),
+            Algorithm::Quota { period, .. } => period.start(epoch),
+        }
+    }
+
+    /// End (exclusive) of an epoch in ms.
+    #[inline]
+    pub fn epoch_end(&self, epoch: u64) -> Millis {
+        match *self {
+            Algorithm::Quota { period, .. } => period.end(epoch),
+            _ => self.epoch_start(epoch.saturating_add(1)),
+        }
+    }
+
+    /// The length of the epoch containing `now`.
+    pub fn epoch_len(&self, now: Millis) -> Millis {
+        let e = self.epoch(now);
+        self.epoch_end(e) - self.epoch_start(e)
+    }
+
+    /// The window the `RateLimit-Policy` header announces, in seconds (rounded up): the
+    /// window, the period, or for a token bucket the time to refill an empty bucket.
+    pub fn policy_window_secs(&self, now: Millis) -> u64 {
+        let ms = match *self {
+            Algorithm::TokenBucket {
+                rate,
+                per_ms,
+                burst,
+            } => (u128::from(burst) * u128::from(per_ms)).div_ceil(u128::from(rate)) as u64,
+            _ => self.epoch_len(now),
+        };
+        ms.div_ceil(1000).max(1)
+    }
+
+    /// How many epochs of counters a key keeps: the current one, the one before (sliding
+    /// windows read it; late deltas still merge into it) and one more for clock skew.
+    pub fn retained_epochs(&self) -> u64 {
+        3
+    }
+
+    /// Whether rights are held per epoch (fixed windows and quotas) rather than continuously
+    /// (token buckets and sliding windows, whose usage carries from one epoch to the next).
+    #[inline]
+    pub fn rights_per_epoch(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow { .. } | Algorithm::Quota { .. }
+        )
+    }
+
+    /// The name a configuration gives it.
+    pub(super) fn name(&self) -> AlgorithmName {
+        match self {
+            Algorithm::TokenBucket { .. } => AlgorithmName::TokenBucket,
+            Algorithm::FixedWindow { .. } => AlgorithmName::FixedWindow,
+            Algorithm::SlidingWindow { .. } => AlgorithmName::SlidingWindow,
+            Algorithm::Quota { .. } => AlgorithmName::Quota,
+        }
+    }
+
+    /// The same algorithm with another capacity (and, for a token bucket, rate): a class's
+    /// own bucket under the separate-buckets method.
+    pub(super) fn resized(&self, limit: u64, rate: Option<u64>) -> Algorithm {
+        match *self {
+            Algorithm::TokenBucket { per_ms, .. } => Algorithm::TokenBucket {
+                rate: rate.unwrap_or(limit),
+                per_ms,
+                burst: limit,
+            },
+            Algorithm::FixedWindow { window_ms, .. } => Algorithm::FixedWindow { limit, window_ms },
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                Algorithm::SlidingWindow { limit, window_ms }
+            }
+            Algorithm::Quota { period, .. } => Algorithm::Quota { limit, period },
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The bucket a request draws from: a rule's [`Target`], resolved from the request's class
+//! and bound to the replica set, so the decision path reads every figure it needs from it.
+
+use std::borrow::Cow;
+
+use crate::replica::{NodeIdx, ReplicaSet};
+
+use super::algorithm::Algorithm;
+use super::validate::Rule;
+
+/// Why a request cannot be decided against a rule. Nothing was consumed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    /// The cost is more than the rule (or the class) could ever grant.
+    #[error("{cost} is more than rule {rule:?} can ever grant (at most {max})")]
+    CostTooHigh {
+        /// The rule.
+        rule: String,
+        /// The requested cost.
+        cost: u64,
+        /// The most a single request may cost.
+        max: u64,
+    },
+    /// The class is not defined by the rule.
+    #[error("rule {rule:?} has no class {class:?}")]
+    UnknownClass {
+        /// The rule.
+        rule: String,
+        /// The class asked for.
+        class: String,
+    },
+    /// The rule defines classes and the request named none.
+    #[error("rule {rule:?} defines classes; the request must name one of them")]
+    MissingClass {
+        /// The rule.
+        rule: String,
+    },
+}
+
+impl CheckError {
+    /// The request field the error is about (`cost` or `class`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            CheckError::CostTooHigh { .. } => "cost",
+            CheckError::UnknownClass { .. } | CheckError::MissingClass { .. } => "class",
+        }
+    }
+}
+
+/// Which bucket of a rule a request draws from, resolved from its class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'r> {
+    /// The algorithm and figures of the bucket.
+    pub algorithm: &'r Algorithm,
+    /// Separate method: the class's index, which is part of the storage key.
+    pub bucket: Option<u8>,
+    /// Threshold method: the fill fraction (millionths) the bucket must hold.
+    pub min_fill_ppm: u32,
+    /// The capacity split among the nodes, when the rule was bound to the replica set.
+    pub split: Option<&'r [u64]>,
+}
+
+impl<'r> Target<'r> {
+    /// The target's capacity split among the nodes of `replicas`: the split bound by
+    /// [`Rule::bind`] when it was bound to a set of this size, else computed.
+    #[inline]
+    pub(crate) fn static_split(&self, replicas: &ReplicaSet) -> Cow<'r, [u64]> {
+        match self.split {
+            Some(s) if s.len() == replicas.len() => Cow::Borrowed(s),
+            _ => Cow::Owned(replicas.split(self.algorithm.capacity())),
+        }
+    }
+
+    /// `node`'s static share of the target's capacity (0 for a node the bound split does not
+    /// name).
+    #[inline]
+    pub(crate) fn static_share(&self, node: NodeIdx, replicas: &ReplicaSet) -> u64 {
+        match self.split {
+            Some(split) => split.get(usize::from(node.0)).copied().unwrap_or(0),
+            None => replicas.split(self.algorithm.capacity())[usize::from(node.0)],
+        }
+    }
+}
+
+impl Rule {
+    /// Resolves the bucket a request of `class` draws from and checks that `cost` can ever be
+    /// granted by it. A cost above the capacity is the caller's error, not a silent deny.
+    pub fn target(&self, class: Option<&str>, cost: u64) -> Result<Target<'_>, CheckError> {
+        let target = match (class, self.classes.is_empty()) {
+            (None, true) => Target {
+                algorithm: &self.algorithm,
+                bucket: None,
+                min_fill_ppm: 0,
+                split: self.bound(),
+            },
+            (None, false) => {
+                return Err(CheckError::MissingClass {
+                    rule: self.name.clone(),
+                });
+            }
+            (Some(name), _) => {
+                let Some((i, c)) = self
+                    .classes
+                    .iter()
+                    .enumerate()
+                    .find(|(_, c)| c.name == name)
+                else {
+                    return Err(CheckError::UnknownClass {
+                        rule: self.name.clone(),
+                        class: name.to_owned(),
+                    });
+                };
+                match &c.own {
+                    Some(own) => Target {
+                        algorithm: own,
+                        bucket: Some(i as u8),
+                        min_fill_ppm: 0,
+                        split: (!c.split.is_empty()).then_some(c.split.as_slice()),
+                    },
+                    None => Target {
+                        algorithm: &self.algorithm,
+                        bucket: None,
+                        min_fill_ppm: c.min_fill_ppm,
+                        split: self.bound(),
+                    },
+                }
+            }
+        };
+        let max = target.algorithm.capacity();
+        if cost > max {
+            return Err(CheckError::CostTooHigh {
+                rule: self.name.clone(),
+                cost,
+                max,
+            });
+        }
+        Ok(target)
+    }
+
+    /// The target a stored key state of this rule belongs to, from the class bucket its key
+    /// id carries (`levee_proto::encode_id` writes [`Target::bucket`] there): what a node
+    /// merges a received delta, a restored snapshot or a rebalanced key against.
+    ///
+    /// * `Some(i)`: class `i`'s own bucket (separate method); `None` if the rule has no
+    ///   class `i` or class `i` has no bucket of its own.
+    /// * `None`: the rule's own bucket — of a rule without classes, or, when it has classes,
+    ///   through its first threshold class (they all draw from it; the target carries that
+    ///   class's `min_fill_ppm`, which deciding reads but merging, rebalancing and usage do
+    ///   not). `None` if every class has its own bucket: no state is stored without one.
+    ///
+    /// Whenever it returns a target, the target's [`Target::bucket`] equals `bucket`, so
+    /// an id re-encoded from the target names the same state. No cost is checked.
+    pub fn target_of_bucket(&self, bucket: Option<u8>) -> Option<Target<'_>> {
+        let class = match bucket {
+            Some(b) => Some(self.classes.get(usize::from(b))?.name.as_str()),
+            None => self
+                .classes
+                .iter()
+                .find(|c| c.own.is_none())
+                .map(|c| c.name.as_str()),
+        };
+        let target = self.target(class, 0).ok()?;
+        (target.bucket == bucket).then_some(target)
+    }
+
+    /// Precomputes the split of every capacity among the nodes of `replicas`, so the
+    /// decision path does not recompute it. Call again whenever the replica set changes.
+    pub fn bind(&mut self, replicas: &ReplicaSet) {
+        self.split = replicas.split(self.algorithm.capacity());
+        for c in &mut self.classes {
+            c.split = c
+                .own
+                .map(|own| replicas.split(own.capacity()))
+                .unwrap_or_default();
+        }
+    }
+
+    fn bound(&self) -> Option<&[u64]> {
+        (!self.split.is_empty()).then_some(self.split.as_slice())
+    }
+}

@@ -1,0 +1,220 @@
+//! The decision path: deciding one request (or several atomically), committing what was
+//! decided, refunding, and the answer a caller gets.
+
+use crate::decision::{AllDecision, Consistency, DecideCtx, Decision};
+use crate::rights::NANO;
+use crate::rule::{Algorithm, RuleMode, Target};
+
+use super::claim::windowed;
+use super::evaluate::Evaluation;
+use super::key_state::KeyState;
+
+impl KeyState {
+    /// Decides one request of `cost` tokens and consumes them if allowed (and the rule is
+    /// enforced, or it is shadowed and would allow). With `dry_run` nothing changes.
+    pub fn decide(
+        &mut self,
+        target: &Target<'_>,
+        mode: RuleMode,
+        cost: u64,
+        dry_run: bool,
+        ctx: &DecideCtx<'_>,
+    ) -> Decision {
+        if !dry_run && cost > 0 {
+            self.sample_demand(target, ctx);
+        }
+        let ev = self.evaluate(target, cost, ctx);
+        if !dry_run && cost > 0 {
+            self.commit(target, cost, ev.would_allow, &ev, ctx);
+        }
+        let consumed = ev.would_allow && !dry_run && cost > 0;
+        decision_of(target.algorithm, mode, cost, &ev, consumed, true, ctx)
+    }
+
+    /// Gives `cost` tokens back. Never raises what is available above the node's capacity,
+    /// and never refunds more than this node consumed in the epochs still counted.
+    pub fn refund(&mut self, target: &Target<'_>, cost: u64, ctx: &DecideCtx<'_>) -> Decision {
+        let algo = target.algorithm;
+        let now = ctx.now;
+        let e = algo.epoch(now);
+        let mut left = cost;
+        // The current epoch first; a sliding window's previous epoch still weighs.
+        let epochs: &[u64] = match algo {
+            Algorithm::SlidingWindow { .. } => &[e, e.saturating_sub(1)],
+            Algorithm::TokenBucket { .. } => &[],
+            _ => &[e],
+        };
+        for &epoch in epochs {
+            if left == 0 {
+                break;
+            }
+            let Some(slot) = self.crdt.slots.iter_mut().find(|s| s.epoch == epoch) else {
+                continue;
+            };
+            let Some(t) = slot.tallies.get(ctx.me).copied() else {
+                continue;
+            };
+            let give = left.min(t.net());
+            if give > 0 {
+                slot.tallies.entry(ctx.me).refunded = t.refunded + give;
+                left -= give;
+                self.pending.tallies = true;
+            }
+        }
+        if let Algorithm::TokenBucket { .. } = algo {
+            // The level rises by the cost, capped at the sub-bucket's capacity: a refund can
+            // never hold more than a full bucket.
+            let (level, units) = self.own_level(target, ctx);
+            let cap = i128::from(units) * NANO;
+            let new_level = (level + i128::from(cost) * NANO).min(cap.max(level));
+            self.set_level(ctx.me, new_level, now);
+        }
+        let ev = self.evaluate(target, 0, ctx);
+        decision_of(algo, RuleMode::Enforce, 0, &ev, false, true, ctx)
+    }
+
+    /// Commits an evaluated check of `cost`: counts the request, records the claims the
+    /// evaluation raised and, if `admitted`, takes the cost (from the epoch's tally, the
+    /// optimistic allowance or the sub-bucket).
+    fn commit(
+        &mut self,
+        target: &Target<'_>,
+        cost: u64,
+        admitted: bool,
+        ev: &Evaluation,
+        ctx: &DecideCtx<'_>,
+    ) {
+        let algo = target.algorithm;
+        let now = ctx.now;
+        // A token bucket's replicated state is its level register; only windows count per
+        // epoch.
+        if !matches!(algo, Algorithm::TokenBucket { .. }) {
+            let tally = self.crdt.slot_mut(ev.epoch).tallies.entry(ctx.me);
+            tally.requested += cost;
+            if admitted {
+                tally.consumed += cost;
+            }
+            self.pending.tallies = true;
+        }
+        self.requested = self.requested.saturating_add(cost);
+        if ctx.view.consistency == Consistency::Optimistic
+            && windowed(algo)
+            && self
+                .optimistic()
+                .is_none_or(|o| o.first_decision.0 != ev.epoch)
+        {
+            self.optimistic_mut(now).first_decision = (ev.epoch, now);
+        }
+        if let Some(c) = ev.next_claim {
+            self.crdt.claims.raise(c);
+            self.pending.claims = true;
+        }
+        if let Some(c) = ev.claim {
+            self.crdt.claims.raise(c);
+            self.pending.claims = true;
+        }
+        if ev.resend_claim {
+            self.pending.claims = true;
+        }
+        if admitted {
+            if ctx.view.consistency == Consistency::Optimistic && !windowed(algo) {
+                let mut a = ev.allowance;
+                a.taken += match algo {
+                    Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
+                    _ => i128::from(cost),
+                };
+                self.optimistic_mut(now).allowance = a;
+            }
+            if let Algorithm::TokenBucket { .. } = algo {
+                self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
+            }
+        }
+        if self.crdt.slots.len() > algo.retained_epochs() as usize + 1 {
+            self.prune(algo, now);
+        }
+    }
+}
+
+/// Decides one request against several rules atomically: it is allowed only if every enforced
+/// rule allows, and nothing is consumed otherwise. Shadow rules never block; they consume only
+/// when the call is allowed and they would allow. The states must be distinct keys (merge
+/// duplicate entries, adding their costs, before calling).
+pub fn decide_all(
+    checks: &mut [(&mut KeyState, Target<'_>, RuleMode)],
+    cost: u64,
+    dry_run: bool,
+    ctx: &DecideCtx<'_>,
+) -> AllDecision {
+    if !dry_run && cost > 0 {
+        for (state, target, _) in checks.iter_mut() {
+            state.sample_demand(target, ctx);
+        }
+    }
+    let evals: Vec<Evaluation> = checks
+        .iter()
+        .map(|(state, target, _)| state.evaluate(target, cost, ctx))
+        .collect();
+    let allowed = checks
+        .iter()
+        .zip(&evals)
+        .all(|((_, _, mode), ev)| ev.would_allow || *mode == RuleMode::Shadow);
+    if !dry_run && cost > 0 {
+        for ((state, target, _), ev) in checks.iter_mut().zip(&evals) {
+            state.commit(target, cost, allowed && ev.would_allow, ev, ctx);
+        }
+    }
+    let results: Vec<Decision> = checks
+        .iter()
+        .zip(&evals)
+        .map(|((_, target, mode), ev)| {
+            let consumed = allowed && ev.would_allow && !dry_run && cost > 0;
+            decision_of(target.algorithm, *mode, cost, ev, consumed, allowed, ctx)
+        })
+        .collect();
+    let binding = results
+        .iter()
+        .zip(checks.iter())
+        .position(|(d, (_, _, mode))| !d.would_allow && *mode == RuleMode::Enforce)
+        .unwrap_or_else(|| {
+            (0..results.len())
+                .min_by_key(|&i| results[i].remaining)
+                .unwrap_or(0)
+        });
+    AllDecision {
+        allowed,
+        binding,
+        results,
+    }
+}
+
+/// The answer for one evaluated check: `consumed` says whether its cost was taken, and
+/// `call_allowed` whether the call as a whole was (an enforced rule inside a denied atomic
+/// call is denied even if it would have allowed on its own).
+fn decision_of(
+    algo: &Algorithm,
+    mode: RuleMode,
+    cost: u64,
+    ev: &Evaluation,
+    consumed: bool,
+    call_allowed: bool,
+    ctx: &DecideCtx<'_>,
+) -> Decision {
+    let remaining = if consumed {
+        ev.available.saturating_sub(cost)
+    } else {
+        ev.available
+    };
+    let reset_after_ms = ev.reset.ms(consumed);
+    let allowed = mode == RuleMode::Shadow || (ev.would_allow && call_allowed);
+    Decision {
+        allowed,
+        would_allow: ev.would_allow,
+        limit: algo.capacity(),
+        remaining: remaining.min(algo.capacity()),
+        reset_after_ms,
+        // A shadow rule reports the retry-after it would have answered (with `would_allow`).
+        retry_after_ms: ev.retry_after_ms,
+        mode,
+        degraded: ctx.view.degraded(),
+    }
+}

@@ -1,0 +1,140 @@
+//! Deltas in and out of a key's state: merging what a peer sent, and extracting what this
+//! node wrote since its last delta.
+//!
+//! A delta holds absolute values, not increments, so merging one twice, out of order or after
+//! a loss repaired by a full state changes nothing more (see [`crate::crdt`]).
+
+use crate::crdt::{KeyCrdt, Lattice, TransferMatrix};
+use crate::decision::DecideCtx;
+use crate::replica::NodeIdx;
+use crate::rule::{Algorithm, Target};
+
+use super::key_state::{KeyState, retained_range};
+
+/// Why a remote delta was refused. The state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    /// The delta names a node outside the agreed replica set.
+    #[error("delta names node {node} but the replica set has {len} nodes")]
+    UnknownNode {
+        /// The index named.
+        node: u16,
+        /// The replica set's size.
+        len: usize,
+    },
+}
+
+impl KeyState {
+    /// Merges a remote delta or full state. Slots of epochs outside retention are dropped
+    /// (too old to matter, or from a peer whose clock runs far ahead). Returns whether the
+    /// state changed. A token bucket whose holdings change re-anchors its level first, so
+    /// that new rights refill only from the moment they arrive.
+    pub fn merge(
+        &mut self,
+        delta: &KeyCrdt,
+        target: &Target<'_>,
+        ctx: &DecideCtx<'_>,
+    ) -> Result<bool, MergeError> {
+        let replicas = ctx.replicas;
+        if let Some(n) = delta.max_node()
+            && usize::from(n.0) >= replicas.len()
+        {
+            return Err(MergeError::UnknownNode {
+                node: n.0,
+                len: replicas.len(),
+            });
+        }
+        let algo = target.algorithm;
+        let (oldest, newest) = retained_range(algo, ctx.now);
+        let mut changed = false;
+        for slot in &delta.slots {
+            if slot.epoch >= oldest && slot.epoch <= newest {
+                changed |= self.crdt.slot_mut(slot.epoch).join(slot);
+            }
+        }
+        let anchor = match algo {
+            Algorithm::TokenBucket { .. }
+                if delta.holdings.cells().iter().any(|c| c.to == ctx.me) =>
+            {
+                let (level, cap) = self.own_level(target, ctx);
+                Some((level, cap))
+            }
+            _ => None,
+        };
+        let holdings_changed = self.crdt.holdings.join(&delta.holdings);
+        changed |= holdings_changed;
+        changed |= self.crdt.buckets.join(&delta.buckets);
+        if let Some((level, _)) = anchor.filter(|_| holdings_changed) {
+            // The register may have been replaced by our own older write coming back; keep
+            // the lower of the two levels, which is always safe.
+            let (now_level, _) = self.own_level(target, ctx);
+            self.set_level(ctx.me, level.min(now_level), ctx.now);
+        }
+        changed |= self.crdt.demand.join(&delta.demand);
+        for c in delta.claims.iter() {
+            if c.epoch >= oldest && c.epoch <= newest {
+                changed |= self.crdt.claims.raise(*c);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Whether this node wrote entries that [`KeyState::take_delta`] has not returned yet.
+    pub fn has_delta(&self) -> bool {
+        self.pending.any()
+    }
+
+    /// The entries this node wrote since the last call, as absolute values: its tallies in
+    /// every retained epoch, its rows of the transfer matrices, its registers. `None` when
+    /// nothing changed.
+    pub fn take_delta(&mut self, me: NodeIdx) -> Option<KeyCrdt> {
+        if !self.pending.any() {
+            return None;
+        }
+        let d = std::mem::take(&mut self.pending);
+        let mut out = KeyCrdt::default();
+        for slot in &self.crdt.slots {
+            let mine = slot.tallies.get(me).filter(|_| d.tallies);
+            let row: Vec<_> = if d.slot_transfers {
+                slot.transfers.row(me).copied().collect()
+            } else {
+                vec![]
+            };
+            if mine.is_none() && row.is_empty() {
+                continue;
+            }
+            let s = out.slot_mut(slot.epoch);
+            if let Some(t) = mine {
+                *s.tallies.entry(me) = *t;
+            }
+            let mut m = TransferMatrix::default();
+            for c in row {
+                m.give(c.from, c.to, c.units);
+            }
+            s.transfers = m;
+        }
+        if d.holdings {
+            for c in self.crdt.holdings.row(me) {
+                out.holdings.give(c.from, c.to, c.units);
+            }
+        }
+        if d.bucket
+            && let Some(b) = self.crdt.buckets.get(me)
+        {
+            *out.buckets.entry(me) = *b;
+        }
+        if d.demand
+            && let Some(r) = self.crdt.demand.get(me)
+        {
+            *out.demand.entry(me) = *r;
+        }
+        // Claims ride with every tally update too: a lost claim is repaired by the next delta
+        // of a node that keeps deciding, without waiting for anti-entropy.
+        if d.claims || d.tallies {
+            for c in self.crdt.claims.iter().filter(|c| c.node == me) {
+                out.claims.raise(*c);
+            }
+        }
+        Some(out)
+    }
+}

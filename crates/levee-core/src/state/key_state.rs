@@ -1,0 +1,206 @@
+//! The layout of one key's state, and the small accessors every part of it shares.
+//!
+//! What is decided, merged and extracted lives beside this file (`decide`, `evaluate`,
+//! `delta`, …); here is only what a [`KeyState`] holds and how its out-of-line part, its
+//! sub-bucket register and its retained epochs are reached.
+
+use crate::crdt::KeyCrdt;
+use crate::decision::DecideCtx;
+use crate::forecast::Forecast;
+use crate::replica::NodeIdx;
+use crate::rights::{holdings, sub_bucket_level, write_level};
+use crate::rule::{Algorithm, Target};
+use crate::time::Millis;
+
+use super::allowance::Allowance;
+
+/// One key's state: the replicated CRDT and private bookkeeping.
+///
+/// A store holds one per key on every node, so its size is the node's memory per key. The
+/// common key lives inline, in one allocation with the store's entry: a `KeyState` is 128
+/// bytes on 64-bit targets (a test pins it). Out of line, and only where needed, is the
+/// demand book: the demand forecast — on nodes that see requests for the key in more than
+/// one gossip interval — and optimistic mode's allowance and claim timing.
+#[derive(Debug, Clone, Default)]
+pub struct KeyState {
+    pub(super) crdt: KeyCrdt,
+    /// Tokens requested at this node (admitted or not) that the forecast has not sampled.
+    pub(super) requested: u64,
+    pub(super) demand_book: Option<Box<DemandBook>>,
+    pub(super) pending: PendingDelta,
+    /// A sample saw requests while there was no forecast: the next one that does starts it.
+    pub(super) demand_seen: bool,
+}
+
+/// This node's own record of its demand for a key, kept out of line and never replicated:
+/// the forecast and, in optimistic mode, its spending against the allowance and when it
+/// first decided in the epoch.
+#[derive(Debug, Clone)]
+pub(super) struct DemandBook {
+    /// This node's demand for the key, for the escrow's rebalancing and optimistic claims.
+    pub(super) forecast: Forecast,
+    /// Optimistic mode's bookkeeping (strict keys never allocate it).
+    pub(super) optimistic: Option<Box<OptimisticBook>>,
+}
+
+/// Optimistic mode's private bookkeeping for one key.
+#[derive(Debug, Clone, Default)]
+pub(super) struct OptimisticBook {
+    /// The per-sync allowance (sliding windows and token buckets) as last spent against.
+    pub(super) allowance: Allowance,
+    /// The latest epoch this node decided in, and when it first did (fixed windows and
+    /// quotas: the claim grace period runs from it).
+    pub(super) first_decision: (u64, Millis),
+}
+
+/// Which of this node's entries in the CRDT changed since the last delta: what
+/// [`KeyState::take_delta`] returns next.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct PendingDelta {
+    /// Its tallies, in any retained epoch.
+    pub(super) tallies: bool,
+    /// Its rows of the per-epoch transfer matrices.
+    pub(super) slot_transfers: bool,
+    /// Its row of the continuous holdings.
+    pub(super) holdings: bool,
+    /// Its sub-bucket register.
+    pub(super) bucket: bool,
+    /// Its demand register.
+    pub(super) demand: bool,
+    /// Its claims.
+    pub(super) claims: bool,
+}
+
+impl PendingDelta {
+    /// Whether anything is pending.
+    pub(super) fn any(&self) -> bool {
+        self.tallies
+            || self.slot_transfers
+            || self.holdings
+            || self.bucket
+            || self.demand
+            || self.claims
+    }
+}
+
+impl KeyState {
+    /// An empty state.
+    pub fn new() -> KeyState {
+        KeyState::default()
+    }
+
+    /// The replicated part.
+    pub fn crdt(&self) -> &KeyCrdt {
+        &self.crdt
+    }
+
+    /// Drops epochs past retention. Returns whether the key holds nothing any more.
+    pub fn prune(&mut self, algo: &Algorithm, now: Millis) -> bool {
+        let (oldest, newest) = retained_range(algo, now);
+        self.crdt.retain_epochs(oldest, newest);
+        self.crdt.is_empty()
+    }
+
+    /// The demand book, created (with a forecast whose clock starts at `now`) if missing.
+    pub(super) fn demand_book_mut(&mut self, now: Millis) -> &mut DemandBook {
+        self.demand_book.get_or_insert_with(|| {
+            Box::new(DemandBook {
+                forecast: Forecast::starting_at(now),
+                optimistic: None,
+            })
+        })
+    }
+
+    /// Optimistic mode's bookkeeping, if this node keeps any for the key.
+    #[inline]
+    pub(super) fn optimistic(&self) -> Option<&OptimisticBook> {
+        self.demand_book.as_ref()?.optimistic.as_deref()
+    }
+
+    #[inline]
+    pub(super) fn optimistic_mut(&mut self, now: Millis) -> &mut OptimisticBook {
+        self.demand_book_mut(now)
+            .optimistic
+            .get_or_insert_with(Box::default)
+    }
+
+    /// This node's demand forecast for the key, if it keeps one.
+    #[inline]
+    pub(super) fn forecast(&self) -> Option<&Forecast> {
+        self.demand_book.as_ref().map(|c| &c.forecast)
+    }
+
+    /// Feeds the demand forecast what was requested here since its last sample. A key whose
+    /// requests all fell in one gossip interval gets no forecast (it could not be primed
+    /// before a second sample with requests anyway): the forecast starts at the second
+    /// sample that sees requests, so a key used once costs no allocation.
+    pub(super) fn sample_forecast(&mut self, now: Millis, epoch_len: Millis) {
+        let requested = self.requested;
+        match self.demand_book.as_mut() {
+            Some(c) => {
+                if c.forecast.sample(now, requested, epoch_len) {
+                    self.requested = 0;
+                }
+            }
+            None if requested == 0 => {}
+            None => {
+                self.requested = 0;
+                if std::mem::replace(&mut self.demand_seen, true) {
+                    self.demand_book_mut(now);
+                }
+            }
+        }
+    }
+
+    /// The node's own sub-bucket: level after refill (nanotokens) and capacity (units).
+    #[inline]
+    pub(super) fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, u64) {
+        let Algorithm::TokenBucket {
+            rate,
+            per_ms,
+            burst,
+        } = *target.algorithm
+        else {
+            return (0, 0);
+        };
+        let base = target.static_share(ctx.me, ctx.replicas);
+        let units = holdings(base, &self.crdt.holdings, ctx.me);
+        let level = sub_bucket_level(
+            self.crdt.buckets.get(ctx.me),
+            base,
+            units,
+            (rate, per_ms, burst),
+            ctx.now,
+        );
+        (level, units)
+    }
+
+    /// Writes this node's sub-bucket register. A clock that went backwards does not refill
+    /// twice: the register keeps the later time.
+    #[inline]
+    pub(super) fn set_level(&mut self, me: NodeIdx, level_nt: i128, now: Millis) {
+        write_level(self.crdt.buckets.entry(me), level_nt, now);
+        self.pending.bucket = true;
+    }
+}
+
+/// Epochs a key keeps: a few past ones (late deltas, the sliding window's previous one) and
+/// the next one (rights given ahead of time).
+pub(super) fn retained_range(algo: &Algorithm, now: Millis) -> (u64, u64) {
+    let e = algo.epoch(now);
+    (e.saturating_sub(algo.retained_epochs() - 1), e + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyState;
+
+    /// A key's store entry must fit the allocator's 192-byte size class (levee-node's
+    /// `a_key_entry_fits_192_bytes`), and the type's doc states this size: a change must be
+    /// deliberate, and update both.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_key_state_is_128_bytes_inline() {
+        assert_eq!(std::mem::size_of::<KeyState>(), 128);
+    }
+}
