@@ -14,12 +14,7 @@ pub const DIGEST_BUCKETS: u32 = 256;
 /// bucket and names it in [`Fingerprints`]. It depends on the key's bytes alone, so every
 /// node and every version agrees on it.
 pub fn key_hash(id: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in id {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    levee_core::hash::fnv1a(id)
 }
 
 /// The digest bucket of a key, out of `buckets`.

@@ -157,27 +157,33 @@ impl KeyStates for MemoryStates {
     }
 
     fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused> {
-        let (rule_name, _, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
+        let (rule_name, bucket, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
         let rule = self
             .rules
             .get(rule_name)
             .ok_or_else(|| Refused("unknown rule".into()))?;
-        let (_, bucket, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
-        let class = bucket
-            .and_then(|b| rule.classes.get(usize::from(b)))
-            .map(|c| c.name.as_str());
-        let target = rule.target(class, 0).map_err(|e| Refused(e.to_string()))?;
+        let target = rule
+            .target_of_bucket(bucket)
+            .ok_or_else(|| Refused("unknown class".into()))?;
         let ctx = DecideCtx {
             now,
             me: self.me,
             replicas: &self.replicas,
             view: ClusterView::alone(),
         };
-        let key = self.keys.entry(id.to_vec()).or_default();
-        // `rule` borrows `self.rules`, a different field from `self.keys`.
-        let changed = key
-            .merge(state, &target, &ctx)
-            .map_err(|e| Refused(e.to_string()))?;
+        // A key is created only by a merge that is accepted: a refused one leaves nothing.
+        let changed = match self.keys.get_mut(id) {
+            Some(key) => key.merge(state, &target, &ctx),
+            None => {
+                let mut key = KeyState::new();
+                let changed = key.merge(state, &target, &ctx);
+                if changed.is_ok() {
+                    self.keys.insert(id.to_vec(), key);
+                }
+                changed
+            }
+        }
+        .map_err(|e| Refused(e.to_string()))?;
         if changed {
             self.refresh_fingerprint(id);
         }
@@ -206,10 +212,14 @@ impl KeyStates for MemoryStates {
     fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
         let active = std::mem::take(&mut self.active);
         for id in active {
-            let Some(rule) = self.rules.get(decode_id(&id).map_or("", |d| d.0)) else {
+            let Some((rule, bucket, _)) = decode_id(&id) else {
                 continue;
             };
-            let Ok(target) = rule.target(None, 0) else {
+            let Some(target) = self
+                .rules
+                .get(rule)
+                .and_then(|r| r.target_of_bucket(bucket))
+            else {
                 continue;
             };
             let Some(state) = self.keys.get_mut(&id) else {

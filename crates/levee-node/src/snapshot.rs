@@ -142,27 +142,9 @@ pub fn restore(limiter: &Limiter, data_dir: &Path) -> Result<usize, SnapshotErro
         let Some(entry) = rules.by_name.get(rule) else {
             continue;
         };
-        // A separate-buckets class by its index; a shared bucket through any threshold class
-        // (they all draw from the rule's own bucket).
-        let class = match bucket {
-            Some(b) => entry
-                .rule
-                .classes
-                .get(usize::from(b))
-                .map(|c| c.name.as_str()),
-            None => entry
-                .rule
-                .classes
-                .iter()
-                .find(|c| c.own.is_none())
-                .map(|c| c.name.as_str()),
-        };
-        let Ok(target) = entry.rule.target(class, 0) else {
+        let Some(target) = entry.rule.target_of_bucket(bucket) else {
             continue;
         };
-        if target.bucket != bucket {
-            continue;
-        }
         let mut state = KeyState::new();
         if state.merge(&crdt, &target, &ctx).is_err() {
             continue;

@@ -83,21 +83,10 @@ fn retained(rules: &RuleSet, id: &[u8]) -> u64 {
     target_of(rules, id).map_or(1, |t| t.algorithm.retained_epochs())
 }
 
-/// The bucket target a stored identity belongs to.
+/// The bucket target a stored identity belongs to ([`levee_core::Rule::target_of_bucket`]).
 pub fn target_of<'r>(rules: &'r RuleSet, id: &[u8]) -> Option<Target<'r>> {
     let (rule, bucket, _) = decode_id(id)?;
-    let entry = rules.by_name.get(rule)?;
-    let class = match bucket {
-        Some(b) => Some(entry.rule.classes.get(usize::from(b))?.name.as_str()),
-        None => entry
-            .rule
-            .classes
-            .iter()
-            .find(|c| c.own.is_none())
-            .map(|c| c.name.as_str()),
-    };
-    let target = entry.rule.target(class, 0).ok()?;
-    (target.bucket == bucket).then_some(target)
+    rules.by_name.get(rule)?.rule.target_of_bucket(bucket)
 }
 
 impl KeyStates for NodeStates<'_> {
