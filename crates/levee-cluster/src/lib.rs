@@ -76,7 +76,9 @@ pub use digest::{
     DIGEST_BUCKETS, DigestBuckets, Fingerprints, bucket_of, key_fingerprint, key_hash,
 };
 pub use event::{Event, ForwardId};
-pub use machine::{Cluster, ClusterConfig, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS, PeerStatus};
+pub use machine::{
+    Cluster, ClusterConfig, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS, PeerStatus,
+};
 pub use peer::{MAX_KEYS_PER_MESSAGE, Outgoing, PUSH_KEYS_PER_TICK};
 pub use recent::MAX_RECENT_KEYS;
 pub use routing::{Route, key_of};

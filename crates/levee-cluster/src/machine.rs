@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use levee_core::{ClusterView, Consistency, Millis, NodeIdx, RegionIdx, RegionMask, ReplicaSet};
+use levee_core::{
+    ClusterView, Consistency, Millis, NodeIdx, RebalanceCtx, RegionIdx, RegionMask, ReplicaSet,
+};
 use levee_proto::{DeltaBatch, ForwardCheck, ForwardDecision, KeyEntry, Message};
 
 use crate::digest::{DIGEST_BUCKETS, bucket_of, differing, digest_message};
@@ -20,6 +22,8 @@ use crate::store::KeyStates;
 
 /// Most keys re-sent every interval to a peer that does not hear this node.
 pub const MAX_KEYS_BEHIND: usize = 64;
+/// Rights in flight to one peer are capped at this fraction of a key's capacity.
+pub const MAX_IN_FLIGHT_FRACTION: f64 = 0.5;
 /// Most digest buckets repaired in one anti-entropy round.
 pub const MAX_REPAIR_BUCKETS: usize = 16;
 
@@ -565,13 +569,7 @@ impl Cluster {
             }
         }
         if self.synced && self.cfg.consistency == Consistency::Strict {
-            let view = self.view();
-            let rings = &self.rings;
-            let region = self.cfg.replicas.region_of(self.cfg.me);
-            let me = self.cfg.me;
-            store.rebalance(now, view, &|key| {
-                rings.owner(region, key_of(key)).unwrap_or(me)
-            });
+            self.rebalance(now, store);
         }
         let peers = self.peers();
         let sent_ids = self.send_deltas(&peers, now, store);
@@ -591,6 +589,29 @@ impl Cluster {
         }
         self.anti_entropy(&peers, now, store);
         self.advance_sync_generation();
+    }
+
+    /// Strict mode: moves spare rights of the keys used or merged since the last interval
+    /// toward demand (each key's owner in this region gets what the others spare), with at
+    /// most [`MAX_IN_FLIGHT_FRACTION`] of a key's capacity in flight to one peer.
+    fn rebalance(&mut self, now: Millis, store: &mut dyn KeyStates) {
+        let view = self.view();
+        let rings = &self.rings;
+        let replicas = &self.cfg.replicas;
+        let me = self.cfg.me;
+        let region = replicas.region_of(me);
+        store.update_active(&mut |id, state, target| {
+            let capacity = target.algorithm.capacity() as f64;
+            let ctx = RebalanceCtx {
+                now,
+                me,
+                replicas,
+                view,
+                owner: rings.owner(region, key_of(id)).unwrap_or(me),
+                max_in_flight: (capacity * MAX_IN_FLIGHT_FRACTION).ceil() as u64,
+            };
+            state.rebalance(target, &ctx);
+        });
     }
 
     /// Deltas of every key changed since the last interval, to every peer; returns the ids

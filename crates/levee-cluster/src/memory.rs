@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use levee_core::{
-    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, RebalanceCtx, ReplicaSet,
-    Rule, RuleMode, Usage,
+    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, ReplicaSet, Rule,
+    RuleMode, Target, Usage,
 };
 use levee_proto::{decode_id, encode_id};
 
@@ -21,8 +21,6 @@ pub struct MemoryStates {
     active: BTreeSet<Vec<u8>>,
     /// The anti-entropy digest, updated as keys change.
     fingerprints: Fingerprints,
-    /// Rights in flight to one peer are capped at this fraction of a key's capacity.
-    pub max_in_flight_fraction: f64,
 }
 
 impl MemoryStates {
@@ -43,7 +41,6 @@ impl MemoryStates {
             dirty: BTreeSet::new(),
             active: BTreeSet::new(),
             fingerprints: Fingerprints::default(),
-            max_in_flight_fraction: 0.5,
         }
     }
 
@@ -209,7 +206,7 @@ impl KeyStates for MemoryStates {
         self.keys.get(id).map(|s| s.crdt().clone())
     }
 
-    fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
+    fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         let active = std::mem::take(&mut self.active);
         for id in active {
             let Some((rule, bucket, _)) = decode_id(&id) else {
@@ -225,16 +222,7 @@ impl KeyStates for MemoryStates {
             let Some(state) = self.keys.get_mut(&id) else {
                 continue;
             };
-            let ctx = RebalanceCtx {
-                now,
-                me: self.me,
-                replicas: &self.replicas,
-                view,
-                owner: owner(&id),
-                max_in_flight: ((target.algorithm.capacity() as f64) * self.max_in_flight_fraction)
-                    .ceil() as u64,
-            };
-            state.rebalance(&target, &ctx);
+            f(&id, state, &target);
             self.dirty.insert(id);
         }
     }

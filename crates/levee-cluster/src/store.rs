@@ -2,7 +2,7 @@
 //! state machine asks of a store. A node keeps its keys in its concurrent store, the
 //! simulator and the tests in [`crate::memory::MemoryStates`].
 
-use levee_core::{ClusterView, KeyCrdt, Millis, NodeIdx};
+use levee_core::{KeyCrdt, KeyState, Millis, Target};
 
 /// Why a key's state was not merged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,7 +26,8 @@ pub trait KeyStates {
     /// ([`crate::bucket_of`]). Kept up to date as keys change (see [`crate::Fingerprints`]),
     /// so that a round costs O(buckets), not O(keys).
     fn digest(&mut self, now: Millis) -> Vec<u64>;
-    /// Strict mode: moves spare rights of the keys used or merged since the last call toward
-    /// demand; `owner` names each key's owner in this node's region.
-    fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx);
+    /// Calls `f` with every key used or merged since the last call, its state and its rule's
+    /// target ([`levee_core::Rule::target_of_bucket`]), and lists the key as changed (its
+    /// delta goes out with this interval's). The machine rebalances spare rights with it.
+    fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>));
 }

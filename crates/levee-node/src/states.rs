@@ -1,17 +1,14 @@
 //! The node's key store as the replication protocol sees it ([`KeyStates`]).
 //!
 //! The store lists every key used or merged since the last gossip interval; a tick takes that
-//! list once, rebalances those keys (strict mode) and sends their deltas.
+//! list once; the machine rebalances those keys (strict mode) and sends their deltas.
 
 use levee_cluster::{DigestBuckets, KeyStates, Refused, key_fingerprint};
-use levee_core::{ClusterView, DecideCtx, KeyCrdt, Millis, NodeIdx, RebalanceCtx, Target};
+use levee_core::{ClusterView, DecideCtx, KeyCrdt, KeyState, Millis, Target};
 use levee_proto::decode_id;
 
 use crate::limiter::{Limiter, RuleSet};
 use crate::store::{KeyId, Slot};
-
-/// Rights in flight to one peer are capped at this fraction of a key's capacity.
-const MAX_IN_FLIGHT_FRACTION: f64 = 0.5;
 
 /// A full rebuild of the digest at least this often (ms): it drops keys the store evicted
 /// or pruned, which the incremental updates do not see.
@@ -171,25 +168,16 @@ impl KeyStates for NodeStates<'_> {
         self.limiter.store().peek(id, |s| s.crdt().clone())
     }
 
-    fn rebalance(&mut self, now: Millis, view: ClusterView, owner: &dyn Fn(&[u8]) -> NodeIdx) {
+    fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         self.active();
         let rules = &self.rules;
         for id in self.active.as_deref().unwrap_or_default() {
             let Some(target) = target_of(rules, id) else {
                 continue;
             };
-            let ctx = RebalanceCtx {
-                now,
-                me: rules.me,
-                replicas: &rules.replicas,
-                view,
-                owner: owner(id),
-                max_in_flight: ((target.algorithm.capacity() as f64) * MAX_IN_FLIGHT_FRACTION)
-                    .ceil() as u64,
-            };
             self.limiter
                 .store()
-                .with_slot(id, |slot| slot.state.rebalance(&target, &ctx));
+                .with_slot(id, |slot| f(id, &mut slot.state, &target));
         }
     }
 }
