@@ -7,22 +7,24 @@
 //! Two ways in, answering alike: [`authz`] through the router, and the direct path of
 //! [`Api`](super::Api), which answers most requests of a single node without the router from
 //! the pieces here ([`direct_authz_rule`], [`authz_input`], [`authz_response`],
-//! [`authz_done`]).
+//! [`authz_done`]). The direct path is what gateways call on every request they pass: its
+//! pieces stay in this one file (so in one codegen unit, where they are inlined into each
+//! other), the answer's header map included.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{self, HeaderMap, StatusCode};
+use axum::http::{self, HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::Full;
 use levee_core::rule::KeyFrom;
 use serde::Deserialize;
 
-use super::headers::authz_headers;
+use super::headers::{RATE_LIMIT_NAMES, rate_limit_values};
 use crate::app::App;
 use crate::limiter::{ApiError, CheckRef, Outcome};
 use crate::metrics::Endpoint;
@@ -199,6 +201,62 @@ pub(super) fn authz_response(
     resp
 }
 
+/// The headers of an `/v1/authz` answer with empty values, to be cloned and filled in order:
+/// a clone copies two small arrays, where inserting each header would hash its name and probe
+/// the map. Denials start with `Content-Type` and end with `Retry-After`.
+fn authz_template(denied: bool) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(8);
+    if denied {
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    let names = if denied {
+        &RATE_LIMIT_NAMES[..]
+    } else {
+        &RATE_LIMIT_NAMES[..5]
+    };
+    for name in names {
+        h.insert(name.clone(), HeaderValue::from_static(""));
+    }
+    h
+}
+
+/// The headers of an `/v1/authz` answer: `Content-Type` on a denial, then the rate-limit ones.
+fn authz_headers(rule: &str, o: &Outcome) -> HeaderMap {
+    static ALLOWED: LazyLock<HeaderMap> = LazyLock::new(|| authz_template(false));
+    static DENIED: LazyLock<HeaderMap> = LazyLock::new(|| authz_template(true));
+    let denied = !o.decision.allowed;
+    let values = rate_limit_values(rule, o);
+    let wanted = if denied { 6 } else { 5 };
+    if values.iter().filter(|v| v.is_some()).count() == wanted {
+        let mut headers = if denied { &*DENIED } else { &*ALLOWED }.clone();
+        for (slot, value) in headers
+            .values_mut()
+            .skip(usize::from(denied))
+            .zip(values.into_iter().flatten())
+        {
+            *slot = value;
+        }
+        return headers;
+    }
+    // A value that cannot be sent is left out, as for the other answers.
+    let mut headers = HeaderMap::with_capacity(8);
+    if denied {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    for (name, value) in RATE_LIMIT_NAMES.into_iter().zip(values) {
+        if let Some(v) = value {
+            headers.insert(name, v);
+        }
+    }
+    headers
+}
+
 /// The client's address: the first `X-Forwarded-For` entry, else `X-Real-IP`, else the peer.
 fn client_ip(headers: &HeaderMap, peer: SocketAddr) -> Cow<'_, str> {
     let forwarded = headers
@@ -220,9 +278,65 @@ fn client_ip(headers: &HeaderMap, peer: SocketAddr) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
-
     use super::*;
+    use crate::http::headers::rate_limit_headers;
+
+    fn outcome(allowed: bool) -> Outcome {
+        Outcome {
+            decision: levee_core::Decision {
+                allowed,
+                would_allow: allowed,
+                limit: 100,
+                remaining: if allowed { 42 } else { 0 },
+                reset_after_ms: 1_500,
+                retry_after_ms: if allowed { 0 } else { 2_300 },
+                mode: levee_core::RuleMode::Enforce,
+                degraded: false,
+            },
+            window_secs: 60,
+        }
+    }
+
+    fn listed(h: &HeaderMap) -> Vec<(String, String)> {
+        h.iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_authz_headers_are_the_rate_limit_headers_in_order() {
+        let allowed = listed(&authz_headers("api", &outcome(true)));
+        let expected: Vec<(String, String)> = [
+            ("ratelimit-policy", "\"api\";q=100;w=60"),
+            ("ratelimit", "\"api\";r=42;t=2"),
+            ("x-ratelimit-limit", "100"),
+            ("x-ratelimit-remaining", "42"),
+            ("x-ratelimit-reset", "2"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(allowed, expected);
+        let mut general = HeaderMap::new();
+        rate_limit_headers(&mut general, "api", &outcome(true));
+        assert_eq!(listed(&general), expected);
+
+        let denied = listed(&authz_headers("api", &outcome(false)));
+        let mut general = HeaderMap::new();
+        general.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        rate_limit_headers(&mut general, "api", &outcome(false));
+        assert_eq!(denied, listed(&general));
+        assert_eq!(denied.len(), 7);
+        assert_eq!(
+            denied[0],
+            ("content-type".into(), "application/json".into())
+        );
+        assert_eq!(denied[2], ("ratelimit".into(), "\"api\";r=0;t=2".into()));
+        assert_eq!(denied[6], ("retry-after".into(), "3".into()));
+    }
 
     #[test]
     fn the_client_ip_prefers_forwarded_headers() {

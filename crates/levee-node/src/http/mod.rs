@@ -16,8 +16,8 @@
 //!
 //! And what they share, each used by the files above and using none of them: `body.rs`
 //! (reading a JSON body), `request.rs` (what a check body says, and its validation),
-//! `decision.rs` (the JSON of a decision), `headers.rs` (the rate-limit headers),
-//! `response.rs` (JSON answers, errors included).
+//! `decision.rs` (the JSON of a decision), `headers.rs` (the rate-limit headers, from which
+//! `authz.rs` builds its own header map), `response.rs` (JSON answers, errors included).
 //!
 //! Bodies are read up to `api.max_body` (413 beyond), must be JSON (415 otherwise), and are
 //! decoded with the path of any wrong field in the error (400). Every error is
