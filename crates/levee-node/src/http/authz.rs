@@ -4,12 +4,13 @@
 //! from `X-RateLimit-Class`. Allowed: `200`, empty body; denied: `429` (or `deny_status`) with
 //! `{"error": "rate_limited", "retry_after_ms": N}`; both with the rate-limit headers.
 //!
-//! Two ways in, answering alike: [`authz`] through the router, and the direct path of
-//! [`Api`](super::Api), which answers most requests of a single node without the router from
-//! the pieces here ([`direct_authz_rule`], [`authz_input`], [`authz_response`],
-//! [`authz_done`]). The direct path is what gateways call on every request they pass: its
-//! pieces stay in this one file (so in one codegen unit, where they are inlined into each
-//! other), the answer's header map included.
+//! Two ways in, answering alike: [`authz`] through the router, and the direct path of `Api`
+//! (the connection's service, in `mod.rs`), which answers most requests of a single node
+//! without the router, from the pieces here: [`direct_authz_rule`], [`authz_input`],
+//! [`authz_response`], [`authz_done`]. That path is what gateways call on every request they
+//! pass. Its pieces, the answer's header map included, stay in this one file: a module is
+//! compiled in one codegen unit, where they can be inlined into each other (moving the header
+//! map to `headers.rs` put a call back on the path).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -36,8 +37,8 @@ pub(super) struct AuthzQuery {
 
 /// `/v1/authz/{rule}` through the router: requests with a query string (`deny_status`), a
 /// rule name that needs percent-decoding, and every request of a node in a cluster (where the
-/// decision may wait on the key's owner). The others take [`Api`](super::Api)'s direct path;
-/// both answer alike.
+/// decision may wait on the key's owner). The others take the direct path of `Api`
+/// (`mod.rs`); both answer alike.
 pub(super) async fn authz(
     State(app): State<Arc<App>>,
     Path(rule): Path<String>,
