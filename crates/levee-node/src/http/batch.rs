@@ -52,8 +52,8 @@ struct FastBatch<'a> {
 /// The checks of a batch body, borrowed from it; `None` when the fast path cannot read the
 /// body (a malformed or wrongly typed field, an escaped string, a duplicate field …).
 ///
-/// `#[inline]`: the handler that calls it is compiled with the router, in another codegen
-/// unit; this keeps it inlined there as it was when both lived in one file.
+/// `#[inline]`: the handler that calls it is compiled into axum's `Handler` glue, in another
+/// codegen unit; this keeps it inlined there, as it was when everything lived in one file.
 #[inline]
 fn batch_checks_fast(bytes: &[u8]) -> Option<Vec<FastCheck<'_>>> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
