@@ -284,11 +284,12 @@ impl HttpThreads {
     }
 }
 
-/// A connection's stream, noting whether a request is partly received: bytes have been read
-/// since the connection last wrote an answer. With [`Pending::expired`] this is the time limit
-/// of a request's arrival — a client that sends part of a request and stalls is cut off —
+/// A connection's stream, noting whether a request is pending: bytes have been read since the
+/// connection last wrote an answer. With [`Pending::expired`] this is the time limit of a
+/// request from its first bytes to the first bytes of its answer — a client that sends part of
+/// a request and stalls is cut off (and so is a request whose handling takes as long) —
 /// without a timer per request (hyper's `header_read_timeout` arms one for every request):
-/// one coarse tick per connection checks whether the same partial request is still pending.
+/// one coarse tick per connection checks whether the same request is still pending.
 struct Watched {
     stream: tokio::net::TcpStream,
     pending: Arc<AtomicU8>,
@@ -311,9 +312,9 @@ impl Watched {
 const TICKS_PER_TIMEOUT: u8 = 4;
 
 impl Pending {
-    /// Resolves once a request has been partly received for longer than `timeout` (checked
-    /// every `timeout / 4`). An idle keep-alive connection, or one writing its answer, never
-    /// expires.
+    /// Resolves once a request has been pending (read from, not yet answered) for longer than
+    /// `timeout` (checked every `timeout / 4`). An idle keep-alive connection, or one writing
+    /// its answer, never expires.
     async fn expired(self, timeout: Duration) {
         let period = (timeout / u32::from(TICKS_PER_TIMEOUT)).max(Duration::from_millis(5));
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);

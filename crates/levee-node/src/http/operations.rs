@@ -1,0 +1,52 @@
+//! Probes and metrics (API.md "Operations"): `GET /healthz`, `GET /readyz`, `GET /metrics`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+
+use super::response::{error_response, json_response};
+use crate::app::App;
+use crate::limiter::ApiError;
+
+/// `GET /healthz`: `200` while the process serves.
+pub(super) async fn healthz() -> Response {
+    json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: `200` once the node is ready, `503 unavailable` while it is starting or once
+/// it is shutting down.
+pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.ready.load(Ordering::Acquire) && !app.shutting_down.load(Ordering::Acquire) {
+        json_response(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
+    } else {
+        let why = if app.shutting_down.load(Ordering::Acquire) {
+            "shutting down"
+        } else {
+            "starting"
+        };
+        error_response(&ApiError {
+            status: 503,
+            code: "unavailable",
+            message: format!("the node is {why}"),
+        })
+    }
+}
+
+/// `GET /metrics`: the Prometheus text exposition, with the key gauge and the eviction
+/// counter brought up to date first.
+pub(super) async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let store = app.limiter.store();
+    app.limiter.metrics().keys.set(store.len() as f64);
+    crate::metrics::evictions(store.evictions());
+    let body = app.prometheus.render();
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
