@@ -30,7 +30,6 @@ pub mod plot;
 pub mod proxy;
 pub mod record;
 pub mod report;
-pub mod rng;
 pub mod runner;
 pub mod scenario;
 pub mod windows;

@@ -14,7 +14,8 @@
 //! `a → b` relay, and `a`'s answers on `b`'s connection through the `b → a` relay. A one-way
 //! cut of `a → b` therefore silences `a` towards `b` on both connections while `b` is still
 //! heard by `a`. Every fault can be changed at run time; each direction draws its loss,
-//! duplication, jitter and reordering from its own seeded stream ([`ChaosRng::derive`]).
+//! duplication, jitter and reordering from its own stream of the scenario's seed
+//! ([`SeededRng::stream`], named after the direction).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,11 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use levee_testkit::rng::SeededRng;
 use serde::Serialize;
 use tokio::net::UdpSocket;
 use tokio::runtime::Runtime;
-
-use crate::rng::ChaosRng;
 
 /// What happens to the datagrams one node sends to another.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -136,7 +136,7 @@ const REORDERED: usize = 5;
 /// One ordered pair's faults, random stream and counters.
 struct Direction {
     faults: Mutex<Faults>,
-    rng: Mutex<ChaosRng>,
+    rng: Mutex<SeededRng>,
     counts: [AtomicU64; 6],
 }
 
@@ -199,7 +199,7 @@ impl Shared {
                 1
             };
             for slot in delays.iter_mut().take(copies) {
-                let mut delay = f.delay_ms + rng.up_to(f.jitter_ms);
+                let mut delay = f.delay_ms + rng.range(0, f.jitter_ms);
                 if rng.chance(f.reorder) {
                     d.count(REORDERED);
                     delay += f.reorder_ms;
@@ -260,7 +260,10 @@ impl FaultProxy {
             pairs: (0..nodes * nodes)
                 .map(|i| Direction {
                     faults: Mutex::new(Faults::NONE),
-                    rng: Mutex::new(ChaosRng::derive(seed, i as u64)),
+                    rng: Mutex::new(SeededRng::stream(
+                        seed,
+                        &format!("direction {}->{}", i / nodes, i % nodes),
+                    )),
                     counts: Default::default(),
                 })
                 .collect(),

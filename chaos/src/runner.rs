@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use levee_testkit::hash::fnv1a;
+
 use crate::cluster::{ChaosCluster, ClusterSpec, NODES, REGIONS, port_is_free, reachable_of};
 use crate::load::{LoadControl, Role, Stream, Target, now_ms, run_stream, sleep_until_ms};
 use crate::record::{
@@ -13,7 +15,6 @@ use crate::record::{
     StopEvent, StopKind,
 };
 use crate::report::{Cleanup, Report};
-use crate::rng::stable_hash;
 use crate::scenario::{
     Action, GOSSIP_INTERVAL_MS, Links, MAIN_PER_SECOND_PER_NODE, MAIN_RULE, PROBE_PER_SECOND,
     PROBE_QUIET_MS, PROBE_RULE, RULES, SUSPECT_AFTER_MS, Scenario, WINDOW_MS,
@@ -45,7 +46,7 @@ pub struct RunOptions {
 
 /// Runs `scenario` and writes its report; returns the report (also on failure).
 pub fn run(scenario: &Scenario, opts: &RunOptions) -> Report {
-    let seed = opts.seed ^ stable_hash(scenario.name);
+    let seed = opts.seed ^ fnv1a(scenario.name.as_bytes());
     let started_ms = now_ms();
     let wall = Instant::now();
     avoid_day_edge();

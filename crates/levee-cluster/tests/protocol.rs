@@ -1,25 +1,25 @@
 //! The protocol state machine on its own: nodes wired by an in-memory network that can lose,
 //! duplicate and cut links, driven tick by tick with a simulated clock.
 
-use std::collections::VecDeque;
-
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig};
 use levee_core::{Consistency, KeyCrdt, Lattice, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{Message, decode_frame, encode_frame};
+use levee_testkit::net::{InFlightOnCut, Latency, Net as Network};
+use levee_testkit::rng::SeededRng;
 use proptest::prelude::*;
 
 const T0: u64 = 1_800_000_000_000;
 const TICK: u64 = 20;
 
+/// A cluster of nodes and the network between them, whose clock is the cluster's.
 struct Net {
     replicas: ReplicaSet,
     nodes: Vec<(Cluster, MemoryStates)>,
-    /// (deliver at, from, to, frame bytes)
-    wire: VecDeque<(u64, usize, usize, Vec<u8>)>,
-    now: u64,
-    latency: u64,
-    cut: Vec<Vec<bool>>,
+    /// Encoded frames between nodes: a fixed latency, no random loss, and cuts that drop what
+    /// is sent while they last (what is already on the wire still arrives).
+    wire: Network<Vec<u8>>,
+    /// Every `k`-th message a node sends is lost (counting every message sent).
     drop_every: Option<u64>,
     sent: u64,
     /// Answers to pulls are lost until this time.
@@ -53,7 +53,6 @@ impl Net {
     }
 
     fn with_rule(replicas: ReplicaSet, rule: levee_core::Rule, consistency: Consistency) -> Net {
-        let n = replicas.len();
         let nodes = replicas
             .nodes()
             .map(|me| {
@@ -73,19 +72,31 @@ impl Net {
                 )
             })
             .collect();
+        // No random condition is set, so the generator is never drawn from.
+        let mut wire = Network::new(replicas.len(), SeededRng::new(0));
+        wire.set_latency(Latency::fixed(5));
+        wire.set_in_flight_on_cut(InFlightOnCut::Delivered);
+        wire.advance_to(T0);
         let mut net = Net {
             replicas,
             nodes,
-            wire: VecDeque::new(),
-            now: T0,
-            latency: 5,
-            cut: vec![vec![false; n]; n],
+            wire,
             drop_every: None,
             sent: 0,
             lose_pull_answers_until: 0,
         };
         net.flush();
         net
+    }
+
+    /// The cluster's time.
+    fn now(&self) -> u64 {
+        self.wire.now()
+    }
+
+    /// Every link's one-way latency from now on.
+    fn set_latency(&mut self, ms: u64) {
+        self.wire.set_latency(Latency::fixed(ms));
     }
 
     /// Moves every queued message onto the wire, through the real codec.
@@ -95,42 +106,35 @@ impl Net {
                 self.sent += 1;
                 let to = usize::from(out.to.0);
                 let lost_answer = matches!(out.msg, Message::PullChunk { .. })
-                    && self.now < self.lose_pull_answers_until;
-                if self.cut[from][to]
-                    || lost_answer
-                    || self.drop_every.is_some_and(|k| self.sent % k == 0)
-                {
+                    && self.now() < self.lose_pull_answers_until;
+                if lost_answer || self.drop_every.is_some_and(|k| self.sent % k == 0) {
                     continue;
                 }
                 let frame = encode_frame(&out.msg).unwrap();
-                self.wire
-                    .push_back((self.now + self.latency, from, to, frame));
+                self.wire.send(from, to, frame);
             }
         }
     }
 
     fn deliver_due(&mut self) {
-        while let Some(&(at, _, _, _)) = self.wire.front() {
-            if at > self.now {
-                break;
-            }
-            let (_, from, to, frame) = self.wire.pop_front().unwrap();
-            let msg: Message = decode_frame(&frame).unwrap();
-            let (cluster, store) = &mut self.nodes[to];
-            cluster.handle_message(NodeIdx(from as u16), msg, self.now, store);
+        while let Some(m) = self.wire.pop_due() {
+            let msg: Message = decode_frame(&m.msg).unwrap();
+            let now = self.now();
+            let (cluster, store) = &mut self.nodes[m.to];
+            cluster.handle_message(NodeIdx(m.from as u16), msg, now, store);
             self.flush();
         }
     }
 
     fn run(&mut self, ms: u64) {
-        let end = self.now + ms;
-        while self.now < end {
-            self.now += 1;
+        let end = self.now() + ms;
+        while self.now() < end {
+            self.wire.advance(1);
             self.deliver_due();
-            if (self.now - T0) % TICK == 0 {
-                for i in 0..self.nodes.len() {
-                    let (cluster, store) = &mut self.nodes[i];
-                    cluster.handle_timeout(self.now, store);
+            let now = self.now();
+            if (now - T0) % TICK == 0 {
+                for (cluster, store) in &mut self.nodes {
+                    cluster.handle_timeout(now, store);
                 }
                 self.flush();
             }
@@ -146,17 +150,20 @@ impl Net {
 
     fn decide(&mut self, node: usize, key: &str) -> bool {
         let view = self.nodes[node].0.view();
+        let now = self.now();
         self.nodes[node]
             .1
-            .decide("r", key, 1, self.now, view)
+            .decide("r", key, 1, now, view)
             .unwrap()
             .allowed
     }
 
+    /// Cuts every link to and from `node`, or mends them all.
     fn isolate(&mut self, node: usize, cut: bool) {
-        for j in 0..self.nodes.len() {
-            self.cut[node][j] = cut;
-            self.cut[j][node] = cut;
+        if cut {
+            self.wire.isolate(node);
+        } else {
+            self.wire.rejoin(node);
         }
     }
 }
@@ -185,7 +192,7 @@ fn deltas_make_every_view_of_a_key_agree() {
     for (_, store) in &net.nodes[1..] {
         assert_eq!(store.state("r", "acme").cloned(), first);
     }
-    let used = net.nodes[3].1.usage("r", "acme", net.now).unwrap().used;
+    let used = net.nodes[3].1.usage("r", "acme", net.now()).unwrap().used;
     assert_eq!(used, 30);
 }
 
@@ -202,7 +209,7 @@ fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
     assert!(
         net.nodes[0]
             .0
-            .peers_status(net.now)
+            .peers_status(net.now())
             .iter()
             .any(|p| p.node == NodeIdx(1) && !p.reachable)
     );
@@ -258,11 +265,10 @@ fn anti_entropy_repairs_deltas_that_were_lost() {
     }
     // Node 0's deltas for the key are lost; the key then goes quiet.
     net.run(3 * TICK);
-    net.cut[0][1] = false;
-    net.cut[1][0] = false;
+    net.wire.mend_both(0, 1);
     net.run(600);
     assert_eq!(
-        net.nodes[1].1.usage("r", "quiet", net.now).unwrap().used,
+        net.nodes[1].1.usage("r", "quiet", net.now()).unwrap().used,
         10
     );
 }
@@ -287,7 +293,7 @@ fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
         forward_timeout: 500,
         tick_phase: 0,
     };
-    net.nodes[0].0 = Cluster::new(cfg, net.now);
+    net.nodes[0].0 = Cluster::new(cfg, net.now());
     net.nodes[0].1.clear();
     assert!(net.nodes[0].0.view().recovering);
     assert!(
@@ -297,7 +303,10 @@ fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
     net.flush();
     net.run(50);
     assert!(net.nodes[0].0.is_synced());
-    assert_eq!(net.nodes[0].1.usage("r", "acme", net.now).unwrap().used, 40);
+    assert_eq!(
+        net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used,
+        40
+    );
 }
 
 proptest! {
@@ -320,7 +329,7 @@ proptest! {
                 _ => {
                     for _ in 0..limit / 4 + 1 {
                         if net.decide(node, "hot") {
-                            *admitted.entry(net.now / 1_000).or_default() += 1;
+                            *admitted.entry(net.now() / 1_000).or_default() += 1;
                         }
                     }
                 }
@@ -338,18 +347,18 @@ fn skewed_demand_gets_nearly_the_whole_limit_every_window_from_the_third_on() {
     // Three regions, demand 90/5/5 at twice the limit, spread evenly over each window.
     let limit = 1_000u64;
     let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), limit, Consistency::Strict);
-    net.latency = 50; // 100 ms round trip
-    net.run(1_000 - (net.now % 1_000));
+    net.set_latency(50); // 100 ms round trip
+    net.run(1_000 - (net.now() % 1_000));
     let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
     let demand = [1_800u64, 100, 100];
     for _ in 0..8_000 {
-        let ms = net.now % 1_000;
+        let ms = net.now() % 1_000;
         for (node, d) in demand.iter().enumerate() {
             // This millisecond's share of the node's demand for the window.
             let due = d * (ms + 1) / 1_000 - d * ms / 1_000;
             for _ in 0..due {
                 if net.decide(node, "hot") {
-                    *per_window.entry(net.now / 1_000).or_default() += 1;
+                    *per_window.entry(net.now() / 1_000).or_default() += 1;
                 }
             }
         }
@@ -423,11 +432,11 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
         forward_timeout: 500,
         tick_phase: 0,
     };
-    net.nodes[0].0 = Cluster::new(cfg, net.now);
+    net.nodes[0].0 = Cluster::new(cfg, net.now());
     net.nodes[0].1.clear();
     // The peer hears the restarted node and answers its pull, but the answer is lost (its
     // link was still backing off); heartbeats get through, so nothing looks wrong.
-    net.lose_pull_answers_until = net.now + 200;
+    net.lose_pull_answers_until = net.now() + 200;
     net.flush();
     net.run(250);
     assert!(!net.nodes[0].0.is_synced());
@@ -436,7 +445,10 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
         net.nodes[0].0.is_synced(),
         "the pull was asked again and answered"
     );
-    assert_eq!(net.nodes[0].1.usage("r", "acme", net.now).unwrap().used, 25);
+    assert_eq!(
+        net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used,
+        25
+    );
 }
 
 /// Runs a partition of `cut` (pairs of nodes, one direction each) long enough to be
@@ -456,11 +468,11 @@ fn agreement_after_heal(
         .validate()
         .unwrap();
     let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule, consistency);
-    net.latency = latency;
+    net.set_latency(latency);
     net.start();
     net.run(7); // heal off the tick grid below
     for &(a, b) in cut {
-        net.cut[a][b] = true;
+        net.wire.cut(a, b);
     }
     for _ in 0..20 {
         for node in 0..3 {
@@ -470,14 +482,14 @@ fn agreement_after_heal(
     }
     net.run(300);
     for &(a, b) in cut {
-        net.cut[a][b] = false;
+        net.wire.mend(a, b);
     }
     let mut at_heal = KeyCrdt::default();
     for (_, s) in &net.nodes {
         at_heal.join(&s.state("r", "acme").cloned().unwrap_or_default());
     }
-    let healed = net.now;
-    while net.now < healed + within {
+    let healed = net.now();
+    while net.now() < healed + within {
         net.run(1);
         let views: Vec<KeyCrdt> = net
             .nodes
@@ -490,7 +502,7 @@ fn agreement_after_heal(
         });
         let same = views.windows(2).all(|w| w[0] == w[1]);
         if holds_all && (same || !equal) {
-            return Some(net.now - healed);
+            return Some(net.now() - healed);
         }
     }
     None
@@ -604,7 +616,7 @@ fn the_incremental_digest_equals_a_full_recount_and_agrees_across_nodes() {
         }
     }
     net.run(10 * TICK);
-    let now = net.now;
+    let now = net.now();
     let mut digests = Vec::new();
     for (_, store) in &mut net.nodes {
         let mut full = vec![0u64; DIGEST_BUCKETS as usize];

@@ -18,6 +18,7 @@ use levee_core::{
     ClusterView, Consistency, DecideCtx, KeyCrdt, KeyState, Lattice, NodeIdx, RebalanceCtx,
     RegionMask, ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
 };
+use levee_testkit::pool::MessagePool;
 use proptest::prelude::*;
 
 // ---- CRDT laws --------------------------------------------------------------------------
@@ -197,7 +198,8 @@ struct Cluster {
     replicas: ReplicaSet,
     rule: Rule,
     nodes: Vec<KeyState>,
-    queue: Vec<(usize, KeyCrdt)>,
+    /// Deltas in flight, delivered, duplicated or lost as the steps pick.
+    queue: MessagePool<KeyCrdt>,
     now: u64,
     /// Every admission: (time, cost, node).
     admitted: Vec<(u64, u64, usize)>,
@@ -212,7 +214,7 @@ impl Cluster {
             replicas,
             rule,
             nodes,
-            queue: vec![],
+            queue: MessagePool::new(),
             now: START,
             admitted: vec![],
         }
@@ -269,28 +271,19 @@ impl Cluster {
                 let node = node % n;
                 if let Some(delta) = nodes[node].take_delta(NodeIdx(node as u16)) {
                     for to in (0..n).filter(|&t| t != node) {
-                        queue.push((to, delta.clone()));
+                        queue.send(node, to, delta.clone());
                     }
                 }
             }
             Step::Deliver { pick, keep } => {
-                if queue.is_empty() {
+                let Some(delta) = queue.deliver(pick, keep) else {
                     return;
-                }
-                let i = pick % queue.len();
-                let (to, delta) = if keep {
-                    queue[i].clone()
-                } else {
-                    queue.remove(i)
                 };
-                let ctx = ctx(to);
-                nodes[to].merge(&delta, &target, &ctx).unwrap();
+                let ctx = ctx(delta.to);
+                nodes[delta.to].merge(&delta.msg, &target, &ctx).unwrap();
             }
             Step::Lose { pick } => {
-                if !queue.is_empty() {
-                    let i = pick % queue.len();
-                    queue.remove(i);
-                }
+                queue.lose(pick);
             }
             Step::FullSync { from, to } => {
                 let (from, to) = (from % n, to % n);

@@ -36,6 +36,7 @@ use levee_core::{
     AllDecision, CheckError, ClusterView, DecideCtx, Decision, HumanDuration, KeyCrdt, KeyState,
     NodeIdx, ReplicaSet, Rule, RuleMode, RuleSpec, Target, Usage, decide_all,
 };
+use levee_testkit::rng::SeededRng;
 
 const MS_PER_DAY: u64 = 86_400_000;
 const NANO: i128 = 1_000_000_000;
@@ -1574,7 +1575,7 @@ fn quota_matches_the_reference_across_calendar_boundaries() {
         } else {
             CalendarPeriod::Month
         };
-        let mut rng = XorShift::new(seed);
+        let mut rng = SeededRng::new(seed);
         let mut tw = Twin::new(quota(5 + seed % 4, period));
         let mut t = utc(2023, 1, 1) + rng.below(MS_PER_DAY);
         for step in 0..300 {
@@ -1856,31 +1857,9 @@ fn decide_all_reports_the_figures_of_what_was_actually_consumed() {
 
 // ---- randomized differential tests ----------------------------------------------------------
 
-/// A tiny deterministic generator (xorshift64).
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift((seed + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// The next request time: often the same ms or a short gap, sometimes the last ms of the
 /// current `period`-aligned window or the first of the next, sometimes a long idle.
-fn next_time(rng: &mut XorShift, t: u64, period: u64) -> u64 {
+fn next_time(rng: &mut SeededRng, t: u64, period: u64) -> u64 {
     match rng.below(20) {
         0..=3 => t,
         4..=11 => t + rng.below(period / 10 + 1),
@@ -1901,7 +1880,7 @@ fn differential(make: impl Fn(u64) -> (RuleSpec, u64), refunds: bool) -> (usize,
     let (mut admitted, mut denied) = (0, 0);
     for seed in 0..SEEDS {
         let (spec, period) = make(seed);
-        let mut rng = XorShift::new(seed);
+        let mut rng = SeededRng::new(seed);
         let mut tw = Twin::new(spec);
         let mut t = T0 + rng.below(period);
         for step in 0..EVENTS {
@@ -2010,7 +1989,7 @@ fn randomized_token_bucket_with_fractional_refill_is_never_more_permissive_than_
         let period = (burst * per).div_ceil(rate).max(10);
         let mut core = Limiter::new(&spec);
         let mut reference = Reference::new(&spec);
-        let mut rng = XorShift::new(seed);
+        let mut rng = SeededRng::new(seed);
         let mut t = T0 + rng.below(period);
         let mut writes: i128 = 0;
         let per_i = i128::from(per);

@@ -19,11 +19,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use levee_testkit::rng::SeededRng;
+
 use crate::heal::HealFigure;
 use crate::ledger::Ledger;
 use crate::net::SimNet;
 use crate::plan::{FaultKind, NetParams, RunPlan, T0, WINDOW_MS};
-use crate::rng::SimRng;
 
 /// Region liveness and links, replayed from the plan's faults.
 struct World<'p, P> {
@@ -51,7 +52,7 @@ impl<'p, P: Clone> World<'p, P> {
                 &plan.topology,
                 params,
                 (0..regions).collect(),
-                SimRng::stream(plan.seed, stream),
+                SeededRng::stream(plan.seed, stream),
             ),
             next_fault: 0,
         }

@@ -29,13 +29,13 @@ use levee_core::{
     ClusterView, Consistency, KeyCrdt, Lattice, NodeIdx, RegionIdx, ReplicaSet, Rule, RuleSpec,
 };
 use levee_proto::{ForwardCheck, ForwardDecision, Message, decode_frame, encode_frame};
+use levee_testkit::rng::SeededRng as SimRng;
 
 pub use crate::experiment::SyncGen;
 use crate::heal::{HealFigure, HealWatch};
 use crate::ledger::{LastAdmission, Ledger, NodeRights};
 use crate::net::{NetStats, SimNet};
 use crate::plan::{FaultKind, MAX_REGIONS, RULE, RunPlan, T0, WINDOW_MS};
-use crate::rng::SimRng;
 
 /// What a run of Levee produced.
 #[derive(Debug, Clone)]

@@ -37,7 +37,6 @@ pub mod net;
 pub mod outcome;
 pub mod plan;
 pub mod report;
-pub mod rng;
 pub mod runner;
 pub mod scenario;
 pub mod summary;

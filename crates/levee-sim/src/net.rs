@@ -1,17 +1,21 @@
-//! The simulated network between nodes: per-region-pair latency, jitter, loss, duplication,
-//! reordering, and directed cuts between regions.
+//! The simulated network between nodes: a [`levee_testkit::Net`] whose links take their
+//! regions' one-way latency plus the run's jitter, with the run's loss, duplication and
+//! reordering, and with directed cuts between regions.
 //!
 //! A cut drops a message when it is sent and also when it arrives, so whatever was on the
 //! wire when a link went down is lost with it. Delivery is in order of arrival time, then of
-//! sending, so a run is deterministic.
+//! sending, so a run is deterministic; every random decision is drawn from the generator
+//! the network is given, in the order `levee_testkit::net` documents.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use levee_testkit::net::{Latency, Net};
+use levee_testkit::rng::SeededRng;
 
 use crate::plan::{NetParams, Topology};
-use crate::rng::SimRng;
 
-/// A message on the wire.
+/// What the network did, for the run's report.
+pub use levee_testkit::net::NetStats;
+
+/// A message as delivered.
 #[derive(Debug)]
 pub struct InFlight<P> {
     /// When it arrives (sim ms).
@@ -20,7 +24,6 @@ pub struct InFlight<P> {
     pub sent: u64,
     /// A value the sender attached for the simulator's own bookkeeping.
     pub tag: u64,
-    seq: u64,
     /// Sending node (or region, for the region-level baselines).
     pub from: usize,
     /// Receiving node.
@@ -32,105 +35,77 @@ pub struct InFlight<P> {
     pub payload: P,
 }
 
-impl<P> PartialEq for InFlight<P> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl<P> Eq for InFlight<P> {}
-impl<P> PartialOrd for InFlight<P> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<P> Ord for InFlight<P> {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // The earliest first in a max-heap.
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
-/// What the network did, for the run's report.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NetStats {
-    /// Messages handed to the network.
-    pub sent: u64,
-    /// Dropped by random loss.
-    pub lost: u64,
-    /// Dropped by a cut link (at sending or at arrival).
-    pub cut: u64,
-    /// Delivered twice.
-    pub duplicated: u64,
-    /// Delivered.
-    pub delivered: u64,
+/// What rides on the wire beside the payload.
+#[derive(Debug, Clone)]
+struct Carried<P> {
+    tag: u64,
+    incarnation: u32,
+    payload: P,
 }
 
 /// The network of one run.
 pub struct SimNet<P> {
-    params: NetParams,
-    one_way: Vec<Vec<u64>>,
-    region_of: Vec<usize>,
-    cut: Vec<Vec<bool>>,
-    wire: BinaryHeap<InFlight<P>>,
-    seq: u64,
-    rng: SimRng,
-    /// Counters.
+    net: Net<Carried<P>>,
+    /// The endpoints of every region.
+    members: Vec<Vec<usize>>,
+    region_cut: Vec<Vec<bool>>,
+    /// Counters (the inner network's, as of the last send or delivery).
     pub stats: NetStats,
 }
 
 impl<P: Clone> SimNet<P> {
     /// A network between endpoints located in regions `region_of[i]`.
-    pub fn new(topology: &Topology, params: NetParams, region_of: Vec<usize>, rng: SimRng) -> Self {
+    pub fn new(
+        topology: &Topology,
+        params: NetParams,
+        region_of: Vec<usize>,
+        rng: SeededRng,
+    ) -> Self {
         let r = topology.regions();
+        let mut net = Net::new(region_of.len(), rng);
+        for (a, &ra) in region_of.iter().enumerate() {
+            for (b, &rb) in region_of.iter().enumerate() {
+                let base = topology.one_way_ms[ra][rb];
+                net.set_link_latency(a, b, Latency::jittered(base, params.jitter_ms));
+            }
+        }
+        net.set_loss(params.loss);
+        net.set_duplicate(params.duplicate);
+        net.set_reorder(params.reorder, params.reorder_ms);
+        let mut members = vec![Vec::new(); r];
+        for (n, &reg) in region_of.iter().enumerate() {
+            members[reg].push(n);
+        }
         SimNet {
-            params,
-            one_way: topology.one_way_ms.clone(),
-            region_of,
-            cut: vec![vec![false; r]; r],
-            wire: BinaryHeap::new(),
-            seq: 0,
-            rng,
+            net,
+            members,
+            region_cut: vec![vec![false; r]; r],
             stats: NetStats::default(),
         }
     }
 
     /// Cuts or mends the link from region `from` to region `to`.
     pub fn set_cut(&mut self, from: usize, to: usize, cut: bool) {
-        self.cut[from][to] = cut;
+        self.region_cut[from][to] = cut;
+        for &a in &self.members[from] {
+            for &b in &self.members[to] {
+                if cut {
+                    self.net.cut(a, b);
+                } else {
+                    self.net.mend(a, b);
+                }
+            }
+        }
     }
 
     /// Whether the link from region `from` to region `to` is cut now.
     pub fn region_cut(&self, from: usize, to: usize) -> bool {
-        self.cut[from][to]
+        self.region_cut[from][to]
     }
 
     /// Whether messages from endpoint `from` to endpoint `to` are dropped now.
     pub fn is_cut(&self, from: usize, to: usize) -> bool {
-        self.cut[self.region_of[from]][self.region_of[to]]
-    }
-
-    /// A one-way delay drawn for a message from `from` to `to`, or `None` if it is lost or
-    /// the link is cut. (Used by the baselines for requests and answers.)
-    pub fn delay(&mut self, from: usize, to: usize) -> Option<u64> {
-        self.stats.sent += 1;
-        if self.is_cut(from, to) {
-            self.stats.cut += 1;
-            return None;
-        }
-        if self.rng.chance(self.params.loss) {
-            self.stats.lost += 1;
-            return None;
-        }
-        Some(self.draw_delay(from, to))
-    }
-
-    fn draw_delay(&mut self, from: usize, to: usize) -> u64 {
-        let base = self.one_way[self.region_of[from]][self.region_of[to]];
-        let mut d = base + self.rng.range(0, self.params.jitter_ms);
-        if self.rng.chance(self.params.reorder) {
-            d += self.rng.range(1, self.params.reorder_ms.max(1));
-        }
-        d
+        self.net.is_cut(from, to)
     }
 
     /// Puts a message on the wire at `now`, unless the link is cut or the message is lost;
@@ -149,58 +124,32 @@ impl<P: Clone> SimNet<P> {
         tag: u64,
         payload: P,
     ) {
-        self.stats.sent += 1;
-        if self.is_cut(from, to) {
-            self.stats.cut += 1;
-            return;
-        }
-        if self.rng.chance(self.params.loss) {
-            self.stats.lost += 1;
-            return;
-        }
-        if self.rng.chance(self.params.duplicate) {
-            self.stats.duplicated += 1;
-            let at = now + self.draw_delay(from, to);
-            self.push((now, at, tag), from, to, incarnation, payload.clone());
-        }
-        let at = now + self.draw_delay(from, to);
-        self.push((now, at, tag), from, to, incarnation, payload);
-    }
-
-    fn push(
-        &mut self,
-        (sent, at, tag): (u64, u64, u64),
-        from: usize,
-        to: usize,
-        incarnation: u32,
-        payload: P,
-    ) {
-        self.seq += 1;
-        self.wire.push(InFlight {
-            at,
-            sent,
+        self.net.advance_to(now);
+        let carried = Carried {
             tag,
-            seq: self.seq,
-            from,
-            to,
             incarnation,
             payload,
-        });
+        };
+        self.net.send(from, to, carried);
+        self.stats = self.net.stats();
     }
 
     /// The next message due at or before `now` whose link is not cut; messages on a cut
     /// link are dropped on the way.
     pub fn pop_due(&mut self, now: u64) -> Option<InFlight<P>> {
-        while self.wire.peek().is_some_and(|m| m.at <= now) {
-            let m = self.wire.pop()?;
-            if self.is_cut(m.from, m.to) {
-                self.stats.cut += 1;
-                continue;
-            }
-            self.stats.delivered += 1;
-            return Some(m);
-        }
-        None
+        self.net.advance_to(now);
+        let m = self.net.pop_due();
+        self.stats = self.net.stats();
+        let m = m?;
+        Some(InFlight {
+            at: m.at,
+            sent: m.sent,
+            tag: m.msg.tag,
+            from: m.from,
+            to: m.to,
+            incarnation: m.msg.incarnation,
+            payload: m.msg.payload,
+        })
     }
 }
 
@@ -218,7 +167,7 @@ mod tests {
 
     #[test]
     fn messages_arrive_after_the_one_way_delay_in_order() {
-        let mut net = SimNet::new(&topo(), NetParams::default(), vec![0, 1], SimRng::new(1));
+        let mut net = SimNet::new(&topo(), NetParams::default(), vec![0, 1], SeededRng::new(1));
         net.send(0, 0, 1, 0, "a");
         net.send(1, 0, 1, 0, "b");
         assert!(net.pop_due(49).is_none());
@@ -229,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_cut_drops_what_is_sent_and_what_is_on_the_wire() {
-        let mut net = SimNet::new(&topo(), NetParams::default(), vec![0, 1], SimRng::new(1));
+        let mut net = SimNet::new(&topo(), NetParams::default(), vec![0, 1], SeededRng::new(1));
         net.send(0, 0, 1, 0, "on the wire");
         net.set_cut(0, 1, true);
         net.send(1, 0, 1, 0, "sent into the cut");

@@ -5,6 +5,7 @@
 //! requests at the same times, the same cuts and crashes.
 
 use levee_core::{ReplicaSet, ReplicaSpec};
+use levee_testkit::hash::fnv1a;
 
 use crate::scenario::Scenario;
 
@@ -281,12 +282,7 @@ impl RunPlan {
     /// The key's home region for the central counter and the shared counter: a stable hash
     /// of the key's bytes.
     pub fn home_region(&self, key: u32) -> usize {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.keys[key as usize].bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        (h % self.topology.regions() as u64) as usize
+        (fnv1a(self.keys[key as usize].as_bytes()) % self.topology.regions() as u64) as usize
     }
 
     /// The first window (relative to T0) whose utilisation counts: the third, so that start

@@ -6,10 +6,11 @@
 //! `max_clock_skew` either way, so any two clocks differ by at most `max_clock_skew`. The
 //! scenario then adds its demand and its faults.
 
+use levee_testkit::rng::SeededRng;
+
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, Request, RunPlan, Topology,
 };
-use crate::rng::SimRng;
 use crate::workload::{self, Demand};
 
 /// A kind of run.
@@ -88,7 +89,7 @@ impl Scenario {
 
     /// Draws this scenario's world, faults and demand from `seed`.
     pub fn plan(self, seed: u64) -> RunPlan {
-        let mut rng = SimRng::stream(seed, "plan");
+        let mut rng = SeededRng::stream(seed, "plan");
         let regions = match self {
             Scenario::RegionIsolated => rng.range(3, 4) as usize,
             Scenario::Skewed | Scenario::HotRegion => 3,
@@ -108,7 +109,7 @@ impl Scenario {
         let mut faults = Vec::new();
         let mut episodes = Vec::new();
         let mut duration_ms = 10_000;
-        let partition = |rng: &mut SimRng| {
+        let partition = |rng: &mut SeededRng| {
             let start = rng.range(2_000, 3_000);
             let len = protocol.suspect_after + rng.range(3_000, 4_500);
             // Heal in the second half of a window, so that the probe key has demand in the
@@ -255,7 +256,7 @@ impl Scenario {
             },
         };
         faults.sort_by_key(|f| f.at);
-        let mut demand_rng = SimRng::stream(seed, "demand");
+        let mut demand_rng = SeededRng::stream(seed, "demand");
         let (mut keys, mut requests) =
             workload::generate(&demand, &mut demand_rng, regions, limit, duration_ms);
         let probe = add_probe(
@@ -289,7 +290,7 @@ fn round_up(ms: u64) -> u64 {
 
 /// Regions with 1 to 3 nodes, usually equal weights, and a round trip of 30 to 300 ms
 /// between every two regions (1 ms one way inside a region).
-fn random_topology(rng: &mut SimRng, regions: usize) -> Topology {
+fn random_topology(rng: &mut SeededRng, regions: usize) -> Topology {
     let nodes_per_region = (0..regions).map(|_| rng.range(1, 3) as usize).collect();
     let weights = if rng.chance(0.25) {
         (0..regions).map(|_| rng.range(1, 3) as u32).collect()
@@ -313,7 +314,7 @@ fn random_topology(rng: &mut SimRng, regions: usize) -> Topology {
 }
 
 /// Jitter always; loss, duplication and reordering in about half the runs each.
-fn random_net(rng: &mut SimRng) -> NetParams {
+fn random_net(rng: &mut SeededRng) -> NetParams {
     let mut maybe = |p: f64, max: f64| {
         if rng.chance(p) { max * rng.unit() } else { 0.0 }
     };
@@ -351,7 +352,7 @@ pub fn add_probe(
     requests: &mut Vec<Request>,
     episodes: &[Episode],
     regions: usize,
-    rng: &mut SimRng,
+    rng: &mut SeededRng,
 ) -> Option<u32> {
     if episodes.is_empty() {
         return None;

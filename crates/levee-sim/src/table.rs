@@ -17,13 +17,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use levee_testkit::rng::SeededRng;
+
 use crate::checks::{Policy, ViolationKind};
 use crate::levee::SyncGen;
 use crate::outcome::{RunOutcome, overshoot, run_plan_with, utilisation};
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, RunPlan, Topology, WINDOW_MS,
 };
-use crate::rng::SimRng;
 use crate::runner::parallel_map;
 use crate::scenario::{Scenario, add_probe};
 use crate::workload::{self, Demand};
@@ -59,7 +60,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         weights: vec![1; regions],
         one_way_ms,
     };
-    let mut rng = SimRng::stream(seed, "table");
+    let mut rng = SeededRng::stream(seed, "table");
     let offsets = (0..topology.nodes())
         .map(|_| rng.range_i64(-10, 10))
         .collect();
@@ -75,7 +76,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         ),
         Case::Partition => (Demand::Uniform { factor: 2.0 }, Scenario::RegionIsolated),
     };
-    let mut demand_rng = SimRng::stream(seed, "demand");
+    let mut demand_rng = SeededRng::stream(seed, "demand");
     let (mut keys, mut requests) =
         workload::generate(&demand, &mut demand_rng, regions, LIMIT, duration_ms);
     let mut faults = Vec::new();

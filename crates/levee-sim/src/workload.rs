@@ -3,8 +3,9 @@
 //! Arrivals are Poisson processes with piecewise-constant rates, drawn from the run's
 //! `demand` stream, so every policy of a run sees exactly the same requests.
 
+use levee_testkit::rng::SeededRng;
+
 use crate::plan::{Request, WINDOW_MS};
-use crate::rng::SimRng;
 
 /// The shape of a run's demand. Factors are in limits per window: `2.0` asks for twice the
 /// limit every window, summed over regions.
@@ -47,7 +48,7 @@ pub enum Demand {
 
 /// Appends Poisson arrivals at `per_window` requests per window in `[from, to)`.
 pub fn poisson(
-    rng: &mut SimRng,
+    rng: &mut SeededRng,
     (from, to): (u64, u64),
     per_window: f64,
     region: usize,
@@ -73,7 +74,7 @@ pub fn poisson(
 /// `limit` per window. Key 0 is the main key.
 pub fn generate(
     demand: &Demand,
-    rng: &mut SimRng,
+    rng: &mut SeededRng,
     regions: usize,
     limit: u64,
     duration_ms: u64,
@@ -176,7 +177,7 @@ mod tests {
 
     #[test]
     fn uniform_demand_asks_about_the_factor_times_the_limit_per_window() {
-        let mut rng = SimRng::new(3);
+        let mut rng = SeededRng::new(3);
         let (_, reqs) = generate(&Demand::Uniform { factor: 2.0 }, &mut rng, 3, 500, 20_000);
         let per_window = reqs.len() as f64 / 20.0;
         assert!((900.0..1100.0).contains(&per_window), "{per_window}");
@@ -185,7 +186,7 @@ mod tests {
 
     #[test]
     fn skewed_demand_sends_nine_tenths_to_the_hot_region() {
-        let mut rng = SimRng::new(4);
+        let mut rng = SeededRng::new(4);
         let (_, reqs) = generate(
             &Demand::Skewed {
                 factor: 2.0,

@@ -1,0 +1,552 @@
+//! An in-process network between numbered endpoints, driven by a virtual clock.
+//!
+//! The network has *conditions*, which describe every link for the whole run (latency, loss,
+//! duplication, reordering), and *faults*, which a test sets and clears as its scenario
+//! goes (`cut`, `cut_both`, `isolate`, `drop`, and `mend`, `rejoin`, `recover` to undo them).
+//! [`Net::recover`] clears every fault and keeps the conditions.
+//!
+//! How to drive it: [`Net::send`] puts a message on the wire at the current time;
+//! [`Net::advance`] / [`Net::advance_to`] move the clock; [`Net::pop_due`] hands out, one by
+//! one, the messages whose arrival time has come, in order of arrival time and then of
+//! sending. Nothing happens between calls, so a run is a function of its calls and of the
+//! seed of the [`SeededRng`] the network was given.
+//!
+//! What one `send` draws, in this order (a zero probability or an empty jitter draws
+//! nothing, so a condition left unset does not shift the stream): loss; the link's `drop`
+//! fault; duplication; then for each copy (the duplicate first) the jitter and, with the
+//! reordering probability, how long it is held back.
+//!
+//! A cut drops a message when it is sent; by default it also drops the messages already on
+//! the wire when they arrive over a link that is cut at that moment, as a broken connection
+//! loses what it carried ([`InFlightOnCut`]).
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::rng::SeededRng;
+
+/// The one-way delay of a link: `base_ms`, plus a delay drawn uniformly from
+/// `0..=jitter_ms` for every message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Latency {
+    /// The least delay, ms.
+    pub base_ms: u64,
+    /// The most extra delay drawn per message, ms (0: the delay is fixed).
+    pub jitter_ms: u64,
+}
+
+impl Latency {
+    /// Every message takes exactly `ms`.
+    pub const fn fixed(ms: u64) -> Latency {
+        Latency {
+            base_ms: ms,
+            jitter_ms: 0,
+        }
+    }
+
+    /// Every message takes `base_ms` plus a uniform draw from `0..=jitter_ms`.
+    pub const fn jittered(base_ms: u64, jitter_ms: u64) -> Latency {
+        Latency { base_ms, jitter_ms }
+    }
+}
+
+/// What happens to a message on the wire whose link is cut when it arrives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InFlightOnCut {
+    /// It is lost with the link (counted as cut): the link is a connection that broke.
+    #[default]
+    Lost,
+    /// It is delivered: only messages sent while the link is cut are dropped.
+    Delivered,
+}
+
+/// A message on the wire, and as delivered.
+#[derive(Debug)]
+pub struct Envelope<M> {
+    /// When it arrives (virtual ms).
+    pub at: u64,
+    /// When it was sent (virtual ms).
+    pub sent: u64,
+    /// The sending endpoint.
+    pub from: usize,
+    /// The receiving endpoint.
+    pub to: usize,
+    /// The message.
+    pub msg: M,
+    /// Sending order, to break ties between equal arrival times.
+    seq: u64,
+}
+
+impl<M> PartialEq for Envelope<M> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl<M> Eq for Envelope<M> {}
+impl<M> PartialOrd for Envelope<M> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<M> Ord for Envelope<M> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // The earliest first in a max-heap.
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// What the network did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Messages handed to the network (a duplicated message counts once).
+    pub sent: u64,
+    /// Dropped at random: the loss condition or a link's `drop` fault.
+    pub lost: u64,
+    /// Dropped by a cut link (when sent, or on arrival under [`InFlightOnCut::Lost`]).
+    pub cut: u64,
+    /// Put on the wire twice.
+    pub duplicated: u64,
+    /// Handed out by [`Net::pop_due`].
+    pub delivered: u64,
+}
+
+impl NetStats {
+    /// Messages dropped, at random or by a cut.
+    pub fn dropped(&self) -> u64 {
+        self.lost + self.cut
+    }
+}
+
+/// A network between endpoints `0..endpoints` carrying messages of type `M`.
+#[derive(Debug)]
+pub struct Net<M> {
+    endpoints: usize,
+    now: u64,
+    /// Per directed link, `[from * endpoints + to]`.
+    latency: Vec<Latency>,
+    loss: f64,
+    duplicate: f64,
+    reorder: f64,
+    reorder_ms: u64,
+    in_flight_on_cut: InFlightOnCut,
+    /// Faults, per directed link.
+    cut: Vec<bool>,
+    drop: Vec<f64>,
+    wire: BinaryHeap<Envelope<M>>,
+    seq: u64,
+    rng: SeededRng,
+    stats: NetStats,
+}
+
+impl<M> Net<M> {
+    /// A healthy network between `endpoints` endpoints at time 0: no latency, no loss, no
+    /// faults; every random decision drawn from `rng`.
+    pub fn new(endpoints: usize, rng: SeededRng) -> Net<M> {
+        let links = endpoints * endpoints;
+        Net {
+            endpoints,
+            now: 0,
+            latency: vec![Latency::default(); links],
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            reorder_ms: 1,
+            in_flight_on_cut: InFlightOnCut::default(),
+            cut: vec![false; links],
+            drop: vec![0.0; links],
+            wire: BinaryHeap::new(),
+            seq: 0,
+            rng,
+            stats: NetStats::default(),
+        }
+    }
+
+    fn link(&self, from: usize, to: usize) -> usize {
+        assert!(
+            from < self.endpoints && to < self.endpoints,
+            "link {from} -> {to} outside {} endpoints",
+            self.endpoints
+        );
+        from * self.endpoints + to
+    }
+
+    /// The number of endpoints.
+    pub fn endpoints(&self) -> usize {
+        self.endpoints
+    }
+
+    // ---- the clock ----------------------------------------------------------------------
+
+    /// The current virtual time, ms.
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Moves the clock to `t`.
+    ///
+    /// # Panics
+    /// If `t` is earlier than [`Net::now`]: virtual time only moves forward.
+    pub fn advance_to(&mut self, t: u64) {
+        assert!(t >= self.now, "time goes back from {} to {t}", self.now);
+        self.now = t;
+    }
+
+    /// Moves the clock `ms` forward.
+    pub fn advance(&mut self, ms: u64) {
+        self.now += ms;
+    }
+
+    // ---- conditions ---------------------------------------------------------------------
+
+    /// Every link's latency.
+    pub fn set_latency(&mut self, latency: Latency) {
+        self.latency.fill(latency);
+    }
+
+    /// The latency of the link from `from` to `to`.
+    pub fn set_link_latency(&mut self, from: usize, to: usize, latency: Latency) {
+        let l = self.link(from, to);
+        self.latency[l] = latency;
+    }
+
+    /// The probability that any message is lost.
+    pub fn set_loss(&mut self, p: f64) {
+        self.loss = p;
+    }
+
+    /// The probability that a message is delivered twice, with independent delays.
+    pub fn set_duplicate(&mut self, p: f64) {
+        self.duplicate = p;
+    }
+
+    /// The probability that a message is held back by a further `1..=max_ms` ms (drawn
+    /// uniformly), so that messages sent after it overtake it.
+    pub fn set_reorder(&mut self, p: f64, max_ms: u64) {
+        self.reorder = p;
+        self.reorder_ms = max_ms.max(1);
+    }
+
+    /// What happens to messages on the wire over a link that is cut when they arrive.
+    pub fn set_in_flight_on_cut(&mut self, policy: InFlightOnCut) {
+        self.in_flight_on_cut = policy;
+    }
+
+    // ---- faults -------------------------------------------------------------------------
+
+    /// Cuts the link from `a` to `b` (one way): nothing sent from `a` reaches `b`.
+    pub fn cut(&mut self, a: usize, b: usize) {
+        let l = self.link(a, b);
+        self.cut[l] = true;
+    }
+
+    /// Cuts the links between `a` and `b`, both ways.
+    pub fn cut_both(&mut self, a: usize, b: usize) {
+        self.cut(a, b);
+        self.cut(b, a);
+    }
+
+    /// Cuts every link to and from `n` (its link to itself aside).
+    pub fn isolate(&mut self, n: usize) {
+        for j in (0..self.endpoints).filter(|&j| j != n) {
+            self.cut_both(n, j);
+        }
+    }
+
+    /// Drops each message from `from` to `to` with probability `p`, on top of the loss
+    /// condition (`p = 0` removes the fault).
+    pub fn drop(&mut self, from: usize, to: usize, p: f64) {
+        let l = self.link(from, to);
+        self.drop[l] = p;
+    }
+
+    /// Mends the link from `a` to `b` (one way).
+    pub fn mend(&mut self, a: usize, b: usize) {
+        let l = self.link(a, b);
+        self.cut[l] = false;
+    }
+
+    /// Mends the links between `a` and `b`, both ways.
+    pub fn mend_both(&mut self, a: usize, b: usize) {
+        self.mend(a, b);
+        self.mend(b, a);
+    }
+
+    /// Mends every link to and from `n`, also those to endpoints that are still isolated.
+    pub fn rejoin(&mut self, n: usize) {
+        for j in (0..self.endpoints).filter(|&j| j != n) {
+            self.mend_both(n, j);
+        }
+    }
+
+    /// Clears every fault: cuts and drops. The conditions stay.
+    pub fn recover(&mut self) {
+        self.cut.fill(false);
+        self.drop.fill(0.0);
+    }
+
+    /// Whether the link from `from` to `to` is cut now.
+    pub fn is_cut(&self, from: usize, to: usize) -> bool {
+        self.cut[self.link(from, to)]
+    }
+
+    // ---- traffic ------------------------------------------------------------------------
+
+    /// Puts `msg` from `from` to `to` on the wire now, unless the link is cut or the message
+    /// is lost; sometimes twice. Returns whether it went on the wire.
+    pub fn send(&mut self, from: usize, to: usize, msg: M) -> bool
+    where
+        M: Clone,
+    {
+        let l = self.link(from, to);
+        self.stats.sent += 1;
+        if self.cut[l] {
+            self.stats.cut += 1;
+            return false;
+        }
+        if self.rng.chance(self.loss) || self.rng.chance(self.drop[l]) {
+            self.stats.lost += 1;
+            return false;
+        }
+        if self.rng.chance(self.duplicate) {
+            self.stats.duplicated += 1;
+            let at = self.now + self.draw_delay(l);
+            self.push(at, from, to, msg.clone());
+        }
+        let at = self.now + self.draw_delay(l);
+        self.push(at, from, to, msg);
+        true
+    }
+
+    fn draw_delay(&mut self, link: usize) -> u64 {
+        let Latency { base_ms, jitter_ms } = self.latency[link];
+        let mut d = base_ms + self.rng.range(0, jitter_ms);
+        if self.rng.chance(self.reorder) {
+            d += self.rng.range(1, self.reorder_ms);
+        }
+        d
+    }
+
+    fn push(&mut self, at: u64, from: usize, to: usize, msg: M) {
+        self.seq += 1;
+        self.wire.push(Envelope {
+            at,
+            sent: self.now,
+            from,
+            to,
+            msg,
+            seq: self.seq,
+        });
+    }
+
+    /// The next message due at or before now, in order of arrival time and then of sending;
+    /// under [`InFlightOnCut::Lost`], messages whose link is cut are dropped on the way.
+    pub fn pop_due(&mut self) -> Option<Envelope<M>> {
+        while self.wire.peek().is_some_and(|m| m.at <= self.now) {
+            let m = self.wire.pop()?;
+            if self.in_flight_on_cut == InFlightOnCut::Lost && self.is_cut(m.from, m.to) {
+                self.stats.cut += 1;
+                continue;
+            }
+            self.stats.delivered += 1;
+            return Some(m);
+        }
+        None
+    }
+
+    /// When the earliest message on the wire arrives (it may still be dropped by a cut).
+    pub fn next_arrival(&self) -> Option<u64> {
+        self.wire.peek().map(|m| m.at)
+    }
+
+    /// The number of messages on the wire.
+    pub fn in_flight(&self) -> usize {
+        self.wire.len()
+    }
+
+    /// What the network did so far.
+    pub fn stats(&self) -> NetStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(endpoints: usize, latency: u64) -> Net<&'static str> {
+        let mut net = Net::new(endpoints, SeededRng::new(1));
+        net.set_latency(Latency::fixed(latency));
+        net
+    }
+
+    fn drain<M>(net: &mut Net<M>) -> Vec<M> {
+        std::iter::from_fn(|| net.pop_due().map(|m| m.msg)).collect()
+    }
+
+    #[test]
+    fn a_message_arrives_after_its_latency_and_not_before() {
+        let mut net = net(2, 50);
+        net.advance_to(1_000);
+        net.send(0, 1, "a");
+        net.advance(49);
+        assert!(net.pop_due().is_none());
+        net.advance(1);
+        let m = net.pop_due().unwrap();
+        assert_eq!(
+            (m.msg, m.from, m.to, m.sent, m.at),
+            ("a", 0, 1, 1_000, 1_050)
+        );
+        assert_eq!(net.stats().delivered, 1);
+    }
+
+    #[test]
+    fn delivery_is_in_order_of_arrival_then_of_sending() {
+        let mut net = net(3, 10);
+        net.set_link_latency(0, 2, Latency::fixed(30));
+        net.set_link_latency(2, 0, Latency::fixed(25));
+        net.send(0, 2, "slow, sent first");
+        net.send(0, 1, "fast");
+        net.send(1, 2, "fast, sent later");
+        net.advance(5);
+        net.send(2, 0, "later still, same arrival as the slow one");
+        net.advance(100);
+        assert_eq!(
+            drain(&mut net),
+            [
+                "fast",
+                "fast, sent later",
+                "slow, sent first",
+                "later still, same arrival as the slow one"
+            ]
+        );
+        assert_eq!(net.next_arrival(), None);
+    }
+
+    #[test]
+    fn a_cut_link_drops_what_is_sent_and_what_is_on_the_wire_one_way_only() {
+        let mut net = net(2, 10);
+        net.send(0, 1, "on the wire");
+        net.cut(0, 1);
+        assert!(!net.send(0, 1, "sent into the cut"));
+        assert!(net.send(1, 0, "the other way"));
+        net.advance(10);
+        assert_eq!(drain(&mut net), ["the other way"]);
+        assert_eq!(net.stats().cut, 2);
+        net.mend(0, 1);
+        net.send(0, 1, "after the mend");
+        net.advance(10);
+        assert_eq!(drain(&mut net), ["after the mend"]);
+    }
+
+    #[test]
+    fn in_flight_messages_can_outlive_a_cut() {
+        let mut net = net(2, 10);
+        net.set_in_flight_on_cut(InFlightOnCut::Delivered);
+        net.send(0, 1, "on the wire");
+        net.cut(0, 1);
+        net.send(0, 1, "sent into the cut");
+        net.advance(10);
+        assert_eq!(drain(&mut net), ["on the wire"]);
+        assert_eq!(net.stats().cut, 1);
+    }
+
+    #[test]
+    fn isolate_drops_both_ways_and_recover_restores_every_link() {
+        let mut net = net(3, 1);
+        net.cut_both(0, 1);
+        net.isolate(2);
+        for (a, b) in [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)] {
+            assert!(!net.send(a, b, "lost"), "{a} -> {b}");
+        }
+        assert_eq!(net.stats().cut, 6);
+        net.recover();
+        for (a, b) in [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)] {
+            assert!(net.send(a, b, "through"), "{a} -> {b}");
+        }
+        net.advance(1);
+        assert_eq!(drain(&mut net).len(), 6);
+    }
+
+    #[test]
+    fn rejoin_mends_an_isolated_endpoint_and_leaves_other_cuts() {
+        let mut net = net(3, 1);
+        net.isolate(2);
+        net.cut(0, 1);
+        net.rejoin(2);
+        assert!(!net.is_cut(2, 0) && !net.is_cut(1, 2));
+        assert!(net.is_cut(0, 1));
+        net.mend_both(0, 1);
+        assert!(!net.is_cut(0, 1));
+    }
+
+    #[test]
+    fn loss_drops_about_its_share_of_messages() {
+        // The exact count pins the stream for this seed; the range says what it means.
+        let mut net = net(2, 0);
+        net.set_loss(0.1);
+        for _ in 0..10_000 {
+            net.send(0, 1, "m");
+        }
+        let s = net.stats();
+        assert_eq!(s.lost, 1_036);
+        assert!((900..1_100).contains(&s.lost));
+        assert_eq!(s.sent, 10_000);
+        assert_eq!(net.in_flight() as u64, s.sent - s.lost);
+    }
+
+    #[test]
+    fn drop_loses_messages_on_one_link_only_until_recover() {
+        let mut net = net(3, 0);
+        net.drop(0, 1, 0.5);
+        for _ in 0..1_000 {
+            net.send(0, 1, "dropped half the time");
+            net.send(1, 0, "never dropped");
+        }
+        assert_eq!(
+            drain(&mut net)
+                .iter()
+                .filter(|m| m.starts_with("never"))
+                .count(),
+            1_000
+        );
+        assert_eq!(net.stats().lost, 493);
+        net.recover();
+        for _ in 0..1_000 {
+            net.send(0, 1, "after recover");
+        }
+        assert_eq!(net.stats().lost, 493);
+    }
+
+    #[test]
+    fn duplication_and_jitter_stay_within_their_conditions() {
+        let mut net = Net::new(2, SeededRng::new(9));
+        net.set_latency(Latency::jittered(20, 5));
+        net.set_duplicate(0.25);
+        net.set_reorder(0.1, 40);
+        for i in 0..1_000 {
+            net.send(0, 1, i);
+        }
+        net.advance(20 + 5 + 40);
+        let mut arrivals = Vec::new();
+        while let Some(m) = net.pop_due() {
+            assert!((20..=65).contains(&(m.at - m.sent)), "{}", m.at - m.sent);
+            arrivals.push(m.msg);
+        }
+        let s = net.stats();
+        assert_eq!(s.duplicated, 254);
+        assert_eq!(arrivals.len() as u64, 1_000 + s.duplicated);
+        assert_eq!(s.delivered, 1_000 + s.duplicated);
+        assert!(
+            arrivals.windows(2).any(|w| w[0] > w[1]),
+            "some were overtaken"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "time goes back")]
+    fn the_clock_never_goes_back() {
+        let mut net = net(1, 0);
+        net.advance_to(10);
+        net.advance_to(9);
+    }
+}
