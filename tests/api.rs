@@ -20,6 +20,8 @@ http = {http}
 
 [api]
 admin_token = "s3cret-admin"
+# The tests' client (127.0.0.1) stands for a gateway; 10.0.0.0/8 for the proxies behind it.
+trusted_proxies = ["127.0.0.0/8", "10.0.0.0/8"]
 
 [[rule]]
 name = "per-tenant"
@@ -375,9 +377,10 @@ fn refund_gives_tokens_back_but_never_above_the_limit() {
     let node = node();
     assert!(node.check("per-tenant", "acme", 3).allowed());
     assert!(!node.check("per-tenant", "acme", 1).allowed());
-    let r = node.post_json(
+    let r = node.post_json_with_token(
         "/v1/refund",
         &json!({ "rule": "per-tenant", "key": "acme", "cost": 2 }),
+        TOKEN,
     );
     assert_eq!(r.status, 200, "{r:?}");
     assert_decision_fields(&r.json, "per-tenant", "acme");
@@ -390,9 +393,10 @@ fn refund_gives_tokens_back_but_never_above_the_limit() {
     );
     // Refunding more than was used stops at the limit.
     for _ in 0..3 {
-        let r = node.post_json(
+        let r = node.post_json_with_token(
             "/v1/refund",
             &json!({ "rule": "per-tenant", "key": "acme", "cost": 3 }),
+            TOKEN,
         );
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.u64("remaining"), 3, "never above the limit: {}", r.body);
@@ -408,9 +412,10 @@ fn refund_gives_tokens_back_but_never_above_the_limit() {
 #[test]
 fn refund_of_a_key_never_used_stays_at_the_limit() {
     let node = node();
-    let r = node.post_json(
+    let r = node.post_json_with_token(
         "/v1/refund",
         &json!({ "rule": "bucket", "key": "fresh", "cost": 4 }),
+        TOKEN,
     );
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.u64("remaining"), 4, "{}", r.body);
@@ -593,7 +598,7 @@ fn authz_takes_the_key_from_the_configured_header_and_the_cost_from_x_ratelimit_
 }
 
 #[test]
-fn authz_takes_the_client_ip_from_x_forwarded_for_then_x_real_ip() {
+fn authz_takes_the_client_ip_from_x_forwarded_for_then_x_real_ip_of_a_trusted_proxy() {
     let node = node();
     let path = "/v1/authz/per-ip";
     let r = node.get_with(path, &[("X-Forwarded-For", "203.0.113.7, 10.0.0.1")]);
@@ -602,7 +607,7 @@ fn authz_takes_the_client_ip_from_x_forwarded_for_then_x_real_ip() {
     assert_eq!(
         node.used("per-ip", "203.0.113.7"),
         1,
-        "the first X-Forwarded-For entry"
+        "the first X-Forwarded-For entry from the right that is not a trusted proxy"
     );
     let r = node.get_with(path, &[("X-Real-IP", "198.51.100.2")]);
     assert_eq!(r.status, 200, "{r:?}");

@@ -171,7 +171,7 @@ fn a_missing_field_is_400_naming_it() {
         post(r#"{"all": [{"key": "victim"}]}"#),
     );
     refused(&node, 400, "invalid_request", "key", |n: &Node| {
-        n.post_json("/v1/refund", &json!({ "rule": "per-tenant" }))
+        n.post_json_with_token("/v1/refund", &json!({ "rule": "per-tenant" }), TOKEN)
     });
     refused(&node, 400, "invalid_request", "checks", |n: &Node| {
         n.post_json("/v1/check/batch", &json!({}))
@@ -245,9 +245,10 @@ fn a_mistyped_field_is_400_naming_it() {
         )
     });
     refused(&node, 400, "invalid_request", "cost", |n: &Node| {
-        n.post_json(
+        n.post_json_with_token(
             "/v1/refund",
             &json!({ "rule": "per-tenant", "key": "victim", "cost": true }),
+            TOKEN,
         )
     });
 }
@@ -289,9 +290,10 @@ fn an_unknown_field_is_400_naming_it() {
         n.post_json("/v1/check/batch", &json!({ "checks": [], "bogus": 1 }))
     });
     refused(&node, 400, "invalid_request", "bogus", |n: &Node| {
-        n.post_json(
+        n.post_json_with_token(
             "/v1/refund",
             &json!({ "rule": "per-tenant", "key": "victim", "bogus": 1 }),
+            TOKEN,
         )
     });
 }
@@ -325,7 +327,11 @@ fn an_empty_key_is_400_naming_key() {
         )
     });
     refused(&node, 400, "invalid_request", "key", |n: &Node| {
-        n.post_json("/v1/refund", &json!({ "rule": "per-tenant", "key": "" }))
+        n.post_json_with_token(
+            "/v1/refund",
+            &json!({ "rule": "per-tenant", "key": "" }),
+            TOKEN,
+        )
     });
 }
 
@@ -391,9 +397,10 @@ fn a_negative_cost_is_400_naming_cost() {
         )
     });
     refused(&node, 400, "invalid_request", "cost", |n: &Node| {
-        n.post_json(
+        n.post_json_with_token(
             "/v1/refund",
             &json!({ "rule": "per-tenant", "key": "victim", "cost": -1 }),
+            TOKEN,
         )
     });
 }
@@ -490,7 +497,11 @@ fn an_unknown_rule_is_404_unknown_rule() {
         )
     });
     refused(&node, 404, "unknown_rule", "nope", |n: &Node| {
-        n.post_json("/v1/refund", &json!({ "rule": "nope", "key": "victim" }))
+        n.post_json_with_token(
+            "/v1/refund",
+            &json!({ "rule": "nope", "key": "victim" }),
+            TOKEN,
+        )
     });
     refused(&node, 404, "unknown_rule", "nope", |n: &Node| {
         n.get("/v1/usage/nope/victim")
@@ -515,7 +526,10 @@ fn an_unknown_endpoint_is_404_not_found() {
             &json!({ "rule": "per-tenant", "key": "victim" }),
         )
     });
-    refused(&node, 404, "not_found", "/", |n: &Node| n.get("/"));
+    // (`/` is the status page, API.md "Machine-readable contract and a page for people".)
+    refused(&node, 404, "not_found", "/index.html", |n: &Node| {
+        n.get("/index.html")
+    });
     refused(
         &node,
         404,
@@ -681,7 +695,17 @@ fn a_body_that_is_not_json_is_415_unsupported_media_type() {
         415,
         "unsupported_media_type",
         "Content-Type",
-        |n: &Node| n.post_raw("/v1/refund", "text/plain", body),
+        |n: &Node| {
+            n.request(
+                "POST",
+                "/v1/refund",
+                &[
+                    ("content-type", "text/plain"),
+                    ("authorization", "Bearer s3cret-admin"),
+                ],
+                Some(body),
+            )
+        },
     );
     // A charset parameter is still JSON.
     let r = node.post_raw(

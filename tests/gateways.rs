@@ -6,12 +6,58 @@
 //! `.ci/run` installs `nginx` and `caddy` (`apt-get install nginx caddy`); the tests start
 //! their own instances on free loopback ports in temporary directories and stop them when
 //! done.
+//!
+//! Where a gateway is not installed its test is skipped, and says so on stderr
+//! (`SKIPPED: nginx not found …`, printed past the test harness's capture); with
+//! `LEVEE_REQUIRE_GATEWAYS=1` (as `.ci/run` sets it) a missing gateway fails the test instead.
+//! `LEVEE_NGINX` and `LEVEE_CADDY` name the binaries to use (default: found on `PATH`, or in
+//! `/usr/sbin`, which a non-root `PATH` may lack).
 
-use std::path::Path;
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use levee_blackbox::{Node, free_port, wait_until};
+
+/// The gateway binary `name` (`nginx`, `caddy`): `LEVEE_<NAME>` if set, else the first on
+/// `PATH`, else in `/usr/sbin` or `/usr/local/sbin`. `None` when it is missing and the test
+/// should be skipped (after printing why); panics when it is missing and
+/// `LEVEE_REQUIRE_GATEWAYS=1`.
+fn gateway(name: &str) -> Option<PathBuf> {
+    let var = format!("LEVEE_{}", name.to_uppercase());
+    let (found, looked) = match std::env::var_os(&var) {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            let looked = format!("{} (from {var})", p.display());
+            (p.is_file().then_some(p), looked)
+        }
+        None => {
+            let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect())
+                .unwrap_or_default();
+            dirs.extend(["/usr/sbin", "/usr/local/sbin"].map(PathBuf::from));
+            let found = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
+            (found, "on PATH, /usr/sbin or /usr/local/sbin".to_owned())
+        }
+    };
+    if found.is_some() {
+        return found;
+    }
+    let why = format!(
+        "{name} not found ({looked}); install it with `apt-get install {name}` (.ci/run does)"
+    );
+    if std::env::var_os("LEVEE_REQUIRE_GATEWAYS").is_some_and(|v| v == "1") {
+        panic!("{why}; LEVEE_REQUIRE_GATEWAYS=1 requires it");
+    }
+    // Straight to the process's stderr: the test harness captures `eprintln!` of a test that
+    // passes, and a skip must be seen.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {why}; set LEVEE_REQUIRE_GATEWAYS=1 to make this a failure"
+    );
+    None
+}
 
 /// A process stopped (and reaped) when dropped.
 struct Process {
@@ -154,6 +200,9 @@ fn client_sees_the_limit(gateway: u16, limit: u64, allowed_headers: bool) {
 
 #[test]
 fn nginx_auth_request_passes_requests_until_the_limit_then_the_deny_with_headers() {
+    let Some(nginx) = gateway("nginx") else {
+        return;
+    };
     let limit = 4;
     let node = Node::start(&rule_config(limit));
     let dir = tempfile::tempdir().unwrap();
@@ -219,7 +268,7 @@ http {{
     std::fs::write(&path, conf).unwrap();
     let _nginx = Process::spawn(
         "nginx",
-        Command::new(nginx_binary())
+        Command::new(&nginx)
             .arg("-c")
             .arg(&path)
             .arg("-p")
@@ -230,6 +279,9 @@ http {{
 
 #[test]
 fn caddy_forward_auth_passes_requests_until_the_limit_then_the_deny_with_headers() {
+    let Some(caddy) = gateway("caddy") else {
+        return;
+    };
     let limit = 3;
     let node = Node::start(&rule_config(limit));
     let dir = tempfile::tempdir().unwrap();
@@ -246,7 +298,7 @@ fn caddy_forward_auth_passes_requests_until_the_limit_then_the_deny_with_headers
     let home = dir.path().join("home");
     let _caddy = Process::spawn(
         "caddy",
-        Command::new("caddy")
+        Command::new(&caddy)
             .args(["run", "--adapter", "caddyfile", "--config"])
             .arg(&path)
             .env("HOME", &home)
@@ -256,11 +308,203 @@ fn caddy_forward_auth_passes_requests_until_the_limit_then_the_deny_with_headers
     client_sees_the_limit(gateway, limit, false);
 }
 
-/// nginx is in /usr/sbin, which a non-root PATH may lack.
-fn nginx_binary() -> &'static str {
-    if Path::new("/usr/sbin/nginx").exists() {
-        "/usr/sbin/nginx"
-    } else {
-        "nginx"
+/// Runs one gateway test of this file in a child process of this test executable with its
+/// gateway pointed at a path that does not exist; returns its exit success and its output.
+fn run_without(test: &str, var: &str, require: bool) -> (bool, String) {
+    let mut cmd = Command::new(std::env::current_exe().expect("this test executable"));
+    cmd.args([test, "--exact", "--test-threads=1"])
+        .env(var, "/nonexistent/levee-test/gateway")
+        .env_remove("LEVEE_REQUIRE_GATEWAYS");
+    if require {
+        cmd.env("LEVEE_REQUIRE_GATEWAYS", "1");
     }
+    let out = cmd.output().expect("run the test executable");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_missing_gateway_is_reported_as_skipped_and_fails_when_required() {
+    for (name, var, test) in [
+        (
+            "nginx",
+            "LEVEE_NGINX",
+            "nginx_auth_request_passes_requests_until_the_limit_then_the_deny_with_headers",
+        ),
+        (
+            "caddy",
+            "LEVEE_CADDY",
+            "caddy_forward_auth_passes_requests_until_the_limit_then_the_deny_with_headers",
+        ),
+    ] {
+        let (ok, out) = run_without(test, var, false);
+        assert!(
+            ok,
+            "a missing {name} failed the test instead of skipping it:\n{out}"
+        );
+        assert!(
+            out.contains(&format!("SKIPPED: {name} not found")),
+            "the skip of {test} is silent:\n{out}"
+        );
+        assert!(out.contains("1 passed"), "{test} did not run:\n{out}");
+        let (ok, out) = run_without(test, var, true);
+        assert!(
+            !ok,
+            "LEVEE_REQUIRE_GATEWAYS=1 let a missing {name} pass:\n{out}"
+        );
+        assert!(out.contains(&format!("{name} not found")), "{out}");
+    }
+}
+
+/// When each request of the comparison is sent, in ms from the start: two bursts of eight,
+/// 5 ms apart, the second 2,750 ms after the first — half an emission interval (500 ms at
+/// 2 r/s) away from every boundary nginx and Levee decide on, so that scheduling jitter of up
+/// to about 250 ms cannot change a decision.
+fn shaping_schedule() -> Vec<u64> {
+    (0..8)
+        .map(|i| i * 5)
+        .chain((0..8).map(|i| 2_750 + i * 5))
+        .collect()
+}
+
+/// A decision of the comparison: refused, or admitted after `k` emission intervals (0: at
+/// once). A wait is compared in whole intervals, rounded up, because both sides measure it
+/// from their own clock; nginx and Levee agree on it exactly (levee-core's
+/// `tests/leaky_bucket.rs`) when they see the same times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Shaped {
+    Now,
+    After(u64),
+    Refused,
+}
+
+#[test]
+fn leaky_bucket_decides_as_nginx_limit_req_burst_delay_on_the_same_requests() {
+    let Some(nginx) = gateway("nginx") else {
+        return;
+    };
+    // nginx `limit_req zone=… burst=5 delay=2` at 2r/s, and the same figures in Levee.
+    let (rate, burst, delay, interval_ms) = (2u64, 5u64, 2u64, 500u64);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    std::fs::write(dir.path().join("www/index.html"), "ok\n").unwrap();
+    let port = free_port();
+    // Delays are logged one level below refusals: `info` with `limit_req_log_level notice`.
+    let conf = format!(
+        r#"worker_processes 1;
+master_process off;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log info;
+events {{ worker_connections 256; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  limit_req_zone $http_x_api_key zone=shape:1m rate={rate}r/s;
+  limit_req_log_level notice;
+  limit_req_status 429;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      limit_req zone=shape burst={burst} delay={delay};
+      root {d}/www;
+    }}
+  }}
+}}
+"#
+    );
+    let path = dir.path().join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let _nginx = Process::spawn(
+        "nginx",
+        Command::new(&nginx)
+            .arg("-c")
+            .arg(&path)
+            .arg("-p")
+            .arg(dir.path()),
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let url = format!("http://127.0.0.1:{port}/index.html");
+    assert!(
+        wait_until(Duration::from_secs(10), || agent
+            .get(&url)
+            .header("x-api-key", "warm-up")
+            .call()
+            .is_ok_and(|r| r.status() == 200)),
+        "nginx did not come up"
+    );
+
+    // nginx: every request on its own connection, at its time; a delayed one is held.
+    let start = std::time::Instant::now();
+    let senders: Vec<_> = shaping_schedule()
+        .into_iter()
+        .map(|at| {
+            let (agent, url) = (agent.clone(), url.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(at).saturating_sub(start.elapsed()));
+                let r = agent.get(&url).header("x-api-key", "acme").call().unwrap();
+                r.status().as_u16()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = senders.into_iter().map(|s| s.join().unwrap()).collect();
+    let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap();
+    // "delaying request, excess: 2.995, by zone "shape"": the wait is (excess − delay) / rate.
+    let mut theirs: Vec<Shaped> = log
+        .lines()
+        .filter_map(|l| l.split("delaying request, excess: ").nth(1))
+        .map(|rest| {
+            let excess: f64 = rest.split(',').next().unwrap().parse().unwrap();
+            let wait_ms = (excess - delay as f64) * 1000.0 / rate as f64;
+            Shaped::After((wait_ms / interval_ms as f64).ceil() as u64)
+        })
+        .collect();
+    let passed = statuses.iter().filter(|&&s| s == 200).count();
+    assert_eq!(
+        passed + statuses.iter().filter(|&&s| s == 429).count(),
+        statuses.len(),
+        "nginx answered 200 or 429: {statuses:?}"
+    );
+    theirs.extend(std::iter::repeat_n(Shaped::Now, passed - theirs.len()));
+    theirs.extend(std::iter::repeat_n(
+        Shaped::Refused,
+        statuses.len() - passed,
+    ));
+
+    // Levee: the same requests at the same times.
+    let node = Node::start(&format!(
+        "[[rule]]\nname = \"shape\"\nalgorithm = \"leaky_bucket\"\nrate = {rate}\nper = \"1s\"\nburst = {burst}\ndelay = {delay}\n"
+    ));
+    let start = std::time::Instant::now();
+    let mut ours: Vec<Shaped> = shaping_schedule()
+        .into_iter()
+        .map(|at| {
+            std::thread::sleep(Duration::from_millis(at).saturating_sub(start.elapsed()));
+            let r = node.check("shape", "acme", 1);
+            match (r.allowed(), r.u64("delay_ms")) {
+                (false, _) => Shaped::Refused,
+                (true, 0) => Shaped::Now,
+                (true, ms) => Shaped::After(ms.div_ceil(interval_ms)),
+            }
+        })
+        .collect();
+    theirs.sort();
+    ours.sort();
+    assert_eq!(ours, theirs, "nginx log:\n{log}");
+    // What the schedule makes of it: per burst, the first at once (with `delay` more), then
+    // waits of one, two, three intervals, the rest refused.
+    assert_eq!(ours.iter().filter(|s| **s == Shaped::Refused).count(), 5);
 }

@@ -175,6 +175,33 @@ fn a_changed_file_is_reloaded_without_a_signal() {
     );
 }
 
+fn last_reload_success(node: &Node) -> Option<f64> {
+    metric(&node.metrics(), "levee_config_last_reload_success", &[])
+}
+
+/// A bad edit that is reverted to the running content leaves nothing to reload, and the file
+/// is again the running configuration: `levee_config_last_reload_success` is back to 1.
+#[test]
+fn a_reverted_bad_edit_counts_as_a_successful_reload() {
+    let node = Node::start(CONFIG);
+    let errors_before = reload_errors(&node);
+    node.write_config(INVALID);
+    assert!(
+        wait_until(WATCH_WAIT, || reload_errors(&node) > errors_before),
+        "the invalid file was not noticed; stderr:\n{}",
+        node.stderr()
+    );
+    assert_eq!(last_reload_success(&node), Some(0.0));
+    node.write_config(CONFIG);
+    assert!(
+        wait_until(WATCH_WAIT, || last_reload_success(&node) == Some(1.0)),
+        "levee_config_last_reload_success stayed 0 after the revert; stderr:\n{}",
+        node.stderr()
+    );
+    assert_eq!(limit_of(&node, "per-tenant"), Some(3));
+    assert_eq!(reload_errors(&node), errors_before + 1.0);
+}
+
 #[test]
 fn an_atomic_configmap_symlink_swap_is_reloaded() {
     let mut node = Node::start_configmap(CONFIG);

@@ -74,6 +74,8 @@ pub struct ClusterSpec {
     pub poll_interval: Duration,
     /// The prefix of the cluster's temporary directory.
     pub dir_prefix: String,
+    /// `cluster.mode` (strict unless a test says otherwise).
+    pub mode: Consistency,
 }
 
 impl ClusterSpec {
@@ -98,6 +100,7 @@ impl ClusterSpec {
             restart_ready_timeout: Duration::from_secs(20),
             poll_interval: Duration::from_millis(20),
             dir_prefix: "levee-cluster-".into(),
+            mode: Consistency::Strict,
         }
     }
 
@@ -272,8 +275,9 @@ impl Cluster {
                 regions: spec.regions.clone(),
                 nodes_per_region: spec.nodes_per_region,
                 base_port,
-                mode: Consistency::Strict,
+                mode: spec.mode,
                 rules: rules.clone(),
+                notify: Vec::new(),
                 gossip_interval: format!("{}ms", spec.gossip_interval_ms),
                 suspect_after: format!("{}ms", spec.suspect_after_ms),
             };
@@ -772,6 +776,36 @@ impl Cluster {
             &self.url(i, path),
             Some(body),
         )
+    }
+
+    /// `method path` with a JSON `body` (or none) and extra headers on node `i`; `Err` if
+    /// there was no answer.
+    pub fn request(
+        &self,
+        i: usize,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Result<Reply, String> {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(self.url(i, path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let result = match body {
+            Some(b) => self.members[i].agent.run(
+                req.header("content-type", "application/json")
+                    .body(b.as_bytes().to_vec())
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => self.members[i]
+                .agent
+                .run(req.body(()).map_err(|e| e.to_string())?),
+        };
+        let resp = result.map_err(|e| format!("{method} {path} on {}: {e}", self.id(i)))?;
+        Reply::read(resp).map_err(|e| e.to_string())
     }
 
     /// `GET /v1/usage/{rule}/{key}` on node `i`; `Err` unless 200.

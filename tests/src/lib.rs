@@ -128,6 +128,27 @@ pub fn levee() -> Command {
     Command::new(levee_binary())
 }
 
+/// Runs `levee config check` on a file holding `text`: its exit code, and its stderr then
+/// stdout.
+pub fn config_check(text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("levee.toml");
+    std::fs::write(&path, text).expect("write the configuration");
+    let out = levee()
+        .args(["config", "check"])
+        .arg(&path)
+        .output()
+        .expect("run levee config check");
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ),
+    )
+}
+
 /// Polls `cond` every 20 ms until it holds or `timeout` passes; returns whether it held.
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -612,6 +633,12 @@ impl Node {
             "levee exited with {status} on SIGTERM; stderr:\n{}",
             self.stderr()
         );
+        self.start_again();
+    }
+
+    /// Starts a stopped node again on the same configuration, port and data directory.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the node is running");
         // The port was ours a moment ago; give the kernel a few tries to hand it back.
         let mut last = String::new();
         for _ in 0..5 {
@@ -716,6 +743,20 @@ impl Node {
     /// `POST path` with a JSON body.
     pub fn post_json(&self, path: &str, body: &Value) -> Reply {
         self.post_raw(path, "application/json", body.to_string().as_bytes())
+    }
+
+    /// `POST path` with a JSON body and `Authorization: Bearer <token>`.
+    pub fn post_json_with_token(&self, path: &str, body: &Value, token: &str) -> Reply {
+        let auth = format!("Bearer {token}");
+        self.request(
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &auth),
+            ],
+            Some(body.to_string().as_bytes()),
+        )
     }
 
     /// `POST path` with any body and content type.

@@ -125,19 +125,29 @@ pub(crate) fn digest_message(hashes: Vec<u64>) -> Digest {
 
 /// Buckets whose hashes differ (or that only one side has), sorted.
 pub(crate) fn differing(mine: &Digest, theirs: &Digest) -> Vec<u32> {
-    let mut out = Vec::new();
-    let lookup = |d: &Digest, b: u32| d.hashes.iter().find(|(x, _)| *x == b).map(|(_, h)| *h);
-    for &(b, h) in &mine.hashes {
-        if lookup(theirs, b) != Some(h) {
-            out.push(b);
+    // Both digests are checked (`well_formed`): indices below `DIGEST_BUCKETS`, so each is
+    // laid out by index once and compared bucket by bucket.
+    let spread = |d: &Digest| {
+        let mut by_bucket = vec![0u64; DIGEST_BUCKETS as usize];
+        for &(b, h) in &d.hashes {
+            if let Some(x) = by_bucket.get_mut(b as usize) {
+                *x = h;
+            }
         }
-    }
-    for &(b, _) in &theirs.hashes {
-        if lookup(mine, b).is_none() {
-            out.push(b);
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
+        by_bucket
+    };
+    let (a, b) = (spread(mine), spread(theirs));
+    (0..DIGEST_BUCKETS)
+        .filter(|&i| a[i as usize] != b[i as usize])
+        .collect()
+}
+
+/// Whether a peer's digest is one this node could have sent: cut into [`DIGEST_BUCKETS`]
+/// buckets, at most one hash per bucket, by increasing index, none of them zero (an empty
+/// bucket is left out).
+pub(crate) fn well_formed(d: &Digest) -> bool {
+    d.buckets == DIGEST_BUCKETS
+        && d.hashes.len() <= DIGEST_BUCKETS as usize
+        && d.hashes.iter().all(|&(b, h)| b < DIGEST_BUCKETS && h != 0)
+        && d.hashes.windows(2).all(|w| w[0].0 < w[1].0)
 }

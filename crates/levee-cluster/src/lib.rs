@@ -29,7 +29,9 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `machine.rs` | [`Cluster`]: the state machine, its configuration and call order |
+//! | `machine/mod.rs` | [`Cluster`]: the state machine, its configuration, call order and request path |
+//! | `machine/receive.rs` | what a message from a peer does |
+//! | `machine/gossip.rs` | the end of a gossip interval: deltas, repeats, rebalancing, anti-entropy |
 //! | `routing.rs` | [`Route`]: who decides a key (owner, forwarded, or alone) |
 //! | `event.rs` | [`Event`]: what the machine reports to its driver |
 //! | `peer.rs` | one peer's link: acknowledgements, the paced queue of full states |
@@ -77,7 +79,8 @@ pub use digest::{
 };
 pub use event::{Event, ForwardId};
 pub use machine::{
-    Cluster, ClusterConfig, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS, PeerStatus,
+    Cluster, ClusterConfig, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS,
+    PeerStatus, override_hash,
 };
 pub use peer::{MAX_KEYS_PER_MESSAGE, Outgoing, PUSH_KEYS_PER_TICK};
 pub use recent::MAX_RECENT_KEYS;

@@ -2,7 +2,7 @@
 //! states (pull answers, repairs, catch-ups), paced by a per-interval budget so that a large
 //! pull cannot flood the link.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 
 use levee_core::{Millis, NodeIdx};
 use levee_proto::{DeltaBatch, KeyEntry, Message};
@@ -61,8 +61,13 @@ pub(crate) struct PeerLink {
     pub(crate) caught_up: Millis,
     /// It answered our pull saying it is recovering too.
     pub(crate) deferred: bool,
-    /// Full states waiting to be sent to it, paced by `budget`.
-    pub(crate) queue: VecDeque<Queued>,
+    /// Full states waiting to be sent to it, paced by `budget`. Each key is in it at most
+    /// once as a [`Queued::State`] (see `queued`) and at most once as a
+    /// [`Queued::PullAnswer`] (one answer to a pull at a time): however often the peer asks
+    /// for buckets or flaps, the queue holds at most twice the store's keys.
+    queue: VecDeque<Queued>,
+    /// The keys in `queue` as [`Queued::State`].
+    queued: HashSet<Vec<u8>>,
     /// An answer to its pull is in `queue`.
     pull_queued: bool,
     /// Keys that may still be pushed to it this interval.
@@ -80,6 +85,7 @@ impl Default for PeerLink {
             caught_up: 0,
             deferred: false,
             queue: VecDeque::new(),
+            queued: HashSet::new(),
             pull_queued: false,
             budget: PUSH_KEYS_PER_TICK,
             missed: MissedKeys::NotTracked,
@@ -105,6 +111,26 @@ impl PeerLink {
         }
     }
 
+    /// Queues these keys' states, each unless it is already queued.
+    pub(crate) fn queue_states(&mut self, ids: impl IntoIterator<Item = Vec<u8>>) {
+        for id in ids {
+            if self.queued.insert(id.clone()) {
+                self.queue.push_back(Queued::State(id));
+            }
+        }
+    }
+
+    /// Drops the key states queued for it (not an answer to its pull).
+    pub(crate) fn drop_queued_states(&mut self) {
+        self.queue.retain(|q| !matches!(q, Queued::State(_)));
+        self.queued.clear();
+    }
+
+    /// Whether nothing is queued for it.
+    pub(crate) fn queue_is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// Full states queued for it (for status and metrics).
     pub(crate) fn backlog_keys(&self) -> usize {
         self.queue
@@ -126,14 +152,15 @@ impl PeerLink {
         if pull && self.pull_queued {
             return;
         }
-        let queue = &mut self.queue;
+        let (queue, queued) = (&mut self.queue, &mut self.queued);
         store.for_each(now, &mut |id, _, _| {
-            if want(id) {
-                queue.push_back(if pull {
-                    Queued::PullAnswer(id.to_vec())
-                } else {
-                    Queued::State(id.to_vec())
-                });
+            if !want(id) {
+                return;
+            }
+            if pull {
+                queue.push_back(Queued::PullAnswer(id.to_vec()));
+            } else if queued.insert(id.to_vec()) {
+                queue.push_back(Queued::State(id.to_vec()));
             }
         });
         if pull {
@@ -168,6 +195,9 @@ impl PeerLink {
                     }
                     _ => break,
                 };
+                if !pull {
+                    self.queued.remove(id);
+                }
                 if let Some(state) = store.get(id) {
                     keys.push(KeyEntry {
                         id: id.clone(),

@@ -3,6 +3,7 @@
 //! simulator and the tests in [`crate::memory::MemoryStates`].
 
 use levee_core::{KeyCrdt, KeyState, Millis, Target};
+use levee_proto::OverrideEntry;
 
 /// Why a key's state was not merged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,4 +31,24 @@ pub trait KeyStates {
     /// target ([`levee_core::Rule::target_of_bucket`]), and lists the key as changed (its
     /// delta goes out with this interval's). The machine rebalances spare rights with it.
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>));
+
+    /// The per-key override registers taken or written since the last call (what this
+    /// interval's gossip sends to every peer). A store without overrides has none.
+    fn take_overrides(&mut self) -> Vec<OverrideEntry> {
+        Vec::new()
+    }
+    /// Every override register held, tombstones included.
+    fn all_overrides(&self) -> Vec<OverrideEntry> {
+        Vec::new()
+    }
+    /// The XOR of [`crate::override_hash`] over every register held (0 for none).
+    fn overrides_digest(&self) -> u64 {
+        0
+    }
+    /// Takes a peer's registers, each if it wins over the one held (last writer wins).
+    /// Returns how many were taken.
+    fn merge_overrides(&mut self, entries: Vec<OverrideEntry>) -> usize {
+        let _ = entries;
+        0
+    }
 }

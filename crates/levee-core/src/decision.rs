@@ -102,6 +102,9 @@ pub struct Decision {
     pub mode: RuleMode,
     /// Decided under a conservative cap because peers or regions were unreachable.
     pub degraded: bool,
+    /// A leaky bucket's shaping: milliseconds the caller waits before it proceeds (0 when it
+    /// may proceed now, and for every other algorithm, denial and shadow rule).
+    pub delay_ms: u64,
 }
 
 /// The answer to an atomic call over several rules.

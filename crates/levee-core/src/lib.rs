@@ -13,6 +13,7 @@
 //! * [`state`]: [`KeyState`], which decides, refunds, merges deltas and extracts them.
 //! * [`escrow`]: strict mode's rebalancing of spare rights toward demand.
 //! * [`decision`]: what a decision says and the context it is made in.
+//! * [`overrides`]: per-key overrides, allow and deny lists, and their replicated register.
 //! * [`hash`]: the one stable hash (FNV-1a), for whatever every node must compute alike.
 //!
 //! ```
@@ -38,6 +39,7 @@ pub mod decision;
 pub mod escrow;
 pub mod forecast;
 pub mod hash;
+pub mod overrides;
 pub mod replica;
 mod rights;
 pub mod rule;
@@ -47,7 +49,8 @@ pub mod time;
 pub use crdt::{KeyCrdt, Lattice};
 pub use decision::{AllDecision, ClusterView, Consistency, DecideCtx, Decision, Usage};
 pub use escrow::RebalanceCtx;
+pub use overrides::{Effect, OverrideReg, OverrideValue};
 pub use replica::{NodeIdx, RegionIdx, RegionMask, ReplicaSet, ReplicaSpec};
 pub use rule::{Algorithm, CheckError, Rule, RuleError, RuleMode, RuleSpec, Target};
-pub use state::{KeyState, MergeError, decide_all};
+pub use state::{KeyState, MergeError, RIGHTS_RETRY_MS, decide_all};
 pub use time::{HumanDuration, Millis};

@@ -38,8 +38,12 @@ pub(crate) fn project(
         return cap;
     }
     let dt = u128::from(now.saturating_sub(reg.at));
+    // Saturating: `units` and `reg.at` may come from a peer with any value, and a product
+    // past u128 only means "refilled to the cap".
     let refill = mul_div(
-        dt * u128::from(units) * u128::from(rate) * NANO as u128,
+        dt.saturating_mul(u128::from(units))
+            .saturating_mul(u128::from(rate))
+            .saturating_mul(NANO as u128),
         u128::from(burst) * u128::from(per_ms),
     );
     (level + refill.min(cap as u128) as i128).min(cap)
@@ -69,7 +73,7 @@ pub(crate) fn sub_bucket_level(
 pub(crate) fn write_level(reg: &mut BucketReg, level_nt: i128, now: Millis) {
     let clamped = level_nt.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
     *reg = BucketReg {
-        seq: reg.seq + 1,
+        seq: reg.seq.saturating_add(1),
         at: reg.at.max(now),
         level_nt: clamped,
     };

@@ -205,7 +205,7 @@ impl fmt::Display for HumanDuration {
         let ms = self.0;
         if ms != 0 {
             for (unit_ms, name) in DISPLAY_UNITS {
-                if ms % unit_ms == 0 {
+                if ms.is_multiple_of(unit_ms) {
                     return write!(f, "{}{}", ms / unit_ms, name);
                 }
             }

@@ -113,6 +113,7 @@ proptest! {
 // ---- a small cluster of key states ------------------------------------------------------
 
 const WINDOW_MS: u64 = 1_000;
+const HOUR_MS: u64 = 3_600_000;
 const START: u64 = 1_700_000_000_000;
 
 fn replicas(regions: usize, per_region: &[usize]) -> ReplicaSet {
@@ -264,6 +265,7 @@ impl Cluster {
                     view: ctx(node).view,
                     owner,
                     max_in_flight: rule.algorithm.capacity() / 4 + 1,
+                    inherit_from: None,
                 };
                 nodes[node].rebalance(&target, &rctx);
             }
@@ -348,6 +350,32 @@ proptest! {
             for (w, total) in per_window {
                 prop_assert!(total <= limit, "window {w}: admitted {total} > {limit}");
             }
+        }
+    }
+
+    /// The same in a window longer than the rebalancing horizon (an hour), where a region's
+    /// share stays at home as a reserve, denials ask for rights, and rights lent out come back
+    /// when the borrower's demand pauses.
+    #[test]
+    fn strict_long_window_never_exceeds_its_limit(
+        (regions, per_region) in arb_topology(),
+        limit in 1u64..60,
+        steps in prop::collection::vec(arb_step(), 1..300),
+    ) {
+        let spec = RuleSpec::fixed_window("r", limit, HOUR_MS);
+        let mut c = Cluster::new(replicas(regions, &per_region), spec);
+        for step in steps.iter().filter(|s| !matches!(s, Step::Refund { .. })) {
+            c.step(step);
+            let e = c.now / HOUR_MS;
+            let total: u64 = c.net_in(e).iter().sum();
+            prop_assert!(total <= limit, "epoch {e}: {total} > {limit} after {step:?}");
+        }
+        let mut per_window = std::collections::BTreeMap::new();
+        for (t, cost, _) in &c.admitted {
+            *per_window.entry(t / HOUR_MS).or_insert(0u64) += cost;
+        }
+        for (w, total) in per_window {
+            prop_assert!(total <= limit, "window {w}: admitted {total} > {limit}");
         }
     }
 

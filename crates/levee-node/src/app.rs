@@ -30,14 +30,17 @@ pub struct App {
     pub prometheus: &'static PrometheusHandle,
     /// The cluster side, when the node runs in a cluster.
     pub replication: Option<Arc<Replication>>,
+    /// Whether the last reload failed (the file on disk differs from the running one).
+    reload_failed: AtomicBool,
 }
 
 /// `/v1/cluster` for a node.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ClusterStatus {
     /// This node.
     pub node: NodeStatus,
     /// `strict` or `optimistic`.
+    #[schema(value_type = String)]
     pub mode: &'static str,
     /// Whether this node decides under conservative caps.
     pub degraded: bool,
@@ -48,7 +51,7 @@ pub struct ClusterStatus {
 }
 
 /// This node in `/v1/cluster`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct NodeStatus {
     /// Node id.
     pub id: String,
@@ -59,7 +62,7 @@ pub struct NodeStatus {
 }
 
 /// A peer in `/v1/cluster`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct PeerStatus {
     /// Node id.
     pub id: String,
@@ -71,10 +74,16 @@ pub struct PeerStatus {
     pub reachable: bool,
     /// Milliseconds since it was last heard from (`null`: never).
     pub last_heard_ms: Option<u64>,
+    /// Replication lag: milliseconds since this node sent the latest batch the peer says it
+    /// has received (about a round trip plus a gossip interval when it keeps up; `null`
+    /// before its first acknowledgement).
+    pub lag_ms: Option<u64>,
+    /// Keys of full states waiting to be sent to it (pulls, anti-entropy, catch-ups).
+    pub backlog_keys: usize,
 }
 
 /// A region in `/v1/cluster`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RegionStatus {
     /// Region name.
     pub name: String,
@@ -101,6 +110,7 @@ impl App {
             shutting_down: AtomicBool::new(false),
             prometheus,
             replication,
+            reload_failed: AtomicBool::new(false),
         }
     }
 
@@ -122,28 +132,41 @@ impl App {
     /// Checks the admin bearer token, when one is configured.
     pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let config = self.config.load();
-        let Some(token) = config.api.admin_token.as_deref() else {
-            return Ok(());
-        };
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
-            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
-            Some(_) => Err(ApiError { status: 401, code: "unauthorized", message: "Authorization: wrong bearer token".into() }),
-            None => Err(ApiError {
-                status: 401,
-                code: "unauthorized",
-                message: "Authorization: a bearer token is required (Authorization: Bearer <admin token>)".into(),
-            }),
+        bearer(headers, config.api.admin_token.as_deref(), "admin")
+    }
+
+    /// Checks the bearer token of `POST /v1/refund`: `refund_token`, else `admin_token`, when
+    /// either is configured.
+    pub fn authorize_refund(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let config = self.config.load();
+        match config.api.refund_token.as_deref() {
+            Some(token) => bearer(headers, Some(token), "refund"),
+            None => bearer(headers, config.api.admin_token.as_deref(), "admin"),
         }
     }
 
     /// Re-reads the configuration file. On error the running configuration stays in force,
     /// the error is logged and counted, and returned. Returns the number of rules loaded.
     pub fn reload(&self, trigger: &str) -> Result<usize, ConfigError> {
+        let result = self.reload_file(trigger);
+        self.reload_failed.store(result.is_err(), Ordering::Release);
+        result
+    }
+
+    /// The configuration file was found back at the running content after a failed reload
+    /// (a bad edit reverted): nothing to apply, and the running configuration is again the
+    /// file's, so this counts as a successful reload.
+    pub fn reverted(&self, trigger: &str) {
+        if self.reload_failed.swap(false, Ordering::AcqRel) {
+            tracing::info!(
+                trigger,
+                "the configuration file is back to the running configuration; nothing to reload"
+            );
+            crate::metrics::reload(true);
+        }
+    }
+
+    fn reload_file(&self, trigger: &str) -> Result<usize, ConfigError> {
         let current = self.config.load_full();
         let Some(path) = current.path.clone() else {
             tracing::info!(
@@ -229,6 +252,8 @@ impl App {
                         addr,
                         reachable: p.reachable,
                         last_heard_ms: p.last_heard_ms_ago,
+                        lag_ms: p.ack_lag_ms,
+                        backlog_keys: p.backlog_keys,
                     }
                 })
                 .collect(),
@@ -267,6 +292,9 @@ impl App {
             }
         };
         self.limiter.validate(req)?;
+        if self.limiter.is_listed(req) {
+            return self.limiter.check(req);
+        }
         let now = self.limiter.clock.now_ms();
         if let Some(d) = repl.forward(owner, forward_check(req, false), now).await {
             return self
@@ -276,29 +304,10 @@ impl App {
         self.limiter.check_with(req, true)
     }
 
-    /// Decides several checks, each on its own, in order, each where it belongs. Every check
-    /// is validated before any is decided.
-    pub async fn batch(&self, checks: &[CheckRef<'_>]) -> Result<Vec<Outcome>, ApiError> {
-        if self.replication.as_ref().is_none() {
-            return self.limiter.batch(checks);
-        }
-        for (i, c) in checks.iter().enumerate() {
-            self.limiter.validate(*c).map_err(|e| ApiError {
-                message: format!("checks[{i}].{}", e.message),
-                ..e
-            })?;
-        }
-        let mut out = Vec::with_capacity(checks.len());
-        for c in checks {
-            out.push(self.check(*c).await?);
-        }
-        Ok(out)
-    }
-
     /// Gives tokens back where the key's consumption is counted (its owner).
     pub async fn refund(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
         let Some(repl) = self.replication.as_ref() else {
-            return self.limiter.refund(req.rule, req.key, req.cost, req.class);
+            return self.limiter.refund(req);
         };
         let alone = match repl.route(req.key) {
             Route::Local => false,
@@ -314,8 +323,7 @@ impl App {
                 true
             }
         };
-        self.limiter
-            .refund_with(req.rule, req.key, req.cost, req.class, alone)
+        self.limiter.refund_with(req, alone)
     }
 
     /// Marks the node ready (or not).
@@ -325,7 +333,7 @@ impl App {
 }
 
 /// A check as it is forwarded to its owner.
-fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
+pub(crate) fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
     ForwardCheck {
         rule: req.rule.to_owned(),
         key: req.key.to_owned(),
@@ -337,7 +345,7 @@ fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
     }
 }
 
-fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'_>) -> Decision {
+pub(crate) fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'_>) -> Decision {
     let mode = limiter
         .rules()
         .by_name
@@ -349,9 +357,15 @@ fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'_>) -> Deci
         limit: d.limit,
         remaining: d.remaining,
         reset_after_ms: d.reset_after_ms,
-        retry_after_ms: d.retry_after_ms,
+        // An admitted decision's `retry_after_ms` carries its delay (`replication.rs`).
+        retry_after_ms: if d.would_allow { 0 } else { d.retry_after_ms },
         mode,
         degraded: d.degraded,
+        delay_ms: if d.would_allow && d.allowed && mode == RuleMode::Enforce {
+            d.retry_after_ms
+        } else {
+            0
+        },
     }
 }
 
@@ -378,6 +392,34 @@ fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
         return Some("cluster");
     }
     None
+}
+
+/// Checks `Authorization: Bearer <token>` when a token is configured; `which` names it in
+/// the error.
+fn bearer(headers: &HeaderMap, token: Option<&str>, which: &str) -> Result<(), ApiError> {
+    let Some(token) = token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError {
+            status: 401,
+            code: "unauthorized",
+            message: "Authorization: wrong bearer token".into(),
+        }),
+        None => Err(ApiError {
+            status: 401,
+            code: "unauthorized",
+            message: format!(
+                "Authorization: a bearer token is required (Authorization: Bearer <{which} token>)"
+            ),
+        }),
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -6,13 +6,16 @@
 //!
 //! The binary (`levee serve`) calls [`server::run`]; tests can do the same in-process.
 
+pub mod activity;
 pub mod app;
 pub mod config;
 pub mod http;
 pub mod limiter;
 pub mod local_cluster;
 pub mod metrics;
+pub mod notify;
 pub mod replication;
+mod routed;
 pub mod server;
 pub mod snapshot;
 pub mod states;

@@ -22,6 +22,8 @@ pub struct LocalCluster {
     pub mode: Consistency,
     /// The rules every node runs.
     pub rules: Vec<RuleSpec>,
+    /// The `[[notify]]` tables every node runs (threshold notices).
+    pub notify: Vec<crate::config::NotifySection>,
     /// `cluster.gossip_interval`, e.g. `"20ms"`.
     pub gossip_interval: String,
     /// `cluster.suspect_after`, e.g. `"1s"`.
@@ -68,6 +70,8 @@ pub enum LocalClusterError {
 #[derive(Serialize)]
 struct Rules<'a> {
     rule: &'a [RuleSpec],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    notify: &'a [crate::config::NotifySection],
 }
 
 impl LocalCluster {
@@ -117,8 +121,11 @@ impl LocalCluster {
                 levee_transport::certs::issue(&certs, &n.id, &certs)?;
             }
         }
-        let rules = toml::to_string(&Rules { rule: &self.rules })
-            .map_err(|e| LocalClusterError::Rules(e.to_string()))?;
+        let rules = toml::to_string(&Rules {
+            rule: &self.rules,
+            notify: &self.notify,
+        })
+        .map_err(|e| LocalClusterError::Rules(e.to_string()))?;
         let regions: Vec<String> = self.regions.iter().map(|r| format!("{r} = 1")).collect();
         for n in &nodes {
             let data = dir.join(&n.id).join("data");
@@ -142,8 +149,8 @@ impl LocalCluster {
             for other in &nodes {
                 let addr = peer_addr(n, other).unwrap_or(other.gossip);
                 text.push_str(&format!(
-                    "\n[[cluster.node]]\nid = \"{}\"\nregion = \"{}\"\naddr = \"{addr}\"\n",
-                    other.id, other.region
+                    "\n[[cluster.node]]\nid = \"{}\"\nregion = \"{}\"\naddr = \"{addr}\"\nhttp = \"{}\"\n",
+                    other.id, other.region, other.http
                 ));
             }
             text.push('\n');
@@ -151,5 +158,38 @@ impl LocalCluster {
             std::fs::write(&n.config, text).map_err(io(&n.config))?;
         }
         Ok(nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_runs_the_rules_and_notices_it_was_given() {
+        let source = crate::Config::parse(
+            "[[rule]]\nname = \"s\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n\n\
+             [[notify]]\nurl = \"http://127.0.0.1:9/hook\"\nthresholds = [0.5]\n",
+            "t.toml",
+        )
+        .expect("valid");
+        let spec = LocalCluster {
+            regions: vec!["eu".into(), "us".into()],
+            nodes_per_region: 1,
+            base_port: 19_900,
+            mode: Consistency::Strict,
+            rules: source.rules.iter().map(|r| r.spec.clone()).collect(),
+            notify: source.notify.clone(),
+            gossip_interval: "20ms".into(),
+            suspect_after: "1s".into(),
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nodes = spec.write(dir.path(), |_, _| None).expect("written");
+        assert_eq!(nodes.len(), 2);
+        for n in &nodes {
+            let config = crate::Config::load(&n.config).expect("a node's configuration loads");
+            assert_eq!(config.rules.len(), 1, "{}", n.id);
+            assert_eq!(config.notify, source.notify, "{}", n.id);
+        }
     }
 }

@@ -35,6 +35,8 @@ pub fn install() -> &'static PrometheusHandle {
         // Another recorder may already be installed in a test process; keep ours regardless.
         let _ = metrics::set_global_recorder(recorder);
         describe();
+        // Shown at 0 from the start: "this node forwarded nothing" is a reading.
+        counter!("levee_forwarded_checks_total").increment(0);
         handle
     })
 }
@@ -46,8 +48,20 @@ fn describe() {
         "Decisions made, by rule, decision and mode."
     );
     describe_counter!(
+        "levee_forwarded_checks_total",
+        "Checks and refunds this node forwarded to their key's owner in its region."
+    );
+    describe_counter!(
         "levee_degraded_decisions_total",
         "Decisions made under a conservative cap."
+    );
+    describe_counter!(
+        "levee_rights_moved_total",
+        "Rights (tokens) this node gave to others by rebalancing (strict mode)."
+    );
+    describe_counter!(
+        "levee_replication_refused_total",
+        "Messages and key states from peers refused after decoding (see docs/replication.md)."
     );
     describe_histogram!(
         "levee_check_duration_seconds",
@@ -63,6 +77,14 @@ fn describe() {
     describe_counter!(
         "levee_keys_evicted_total",
         "Keys evicted because max_keys was reached."
+    );
+    describe_gauge!(
+        "levee_region_reachable",
+        "1 while the region is heard from within suspect_after (its own region included), 0 while decisions assume it cut off."
+    );
+    describe_counter!(
+        "levee_keys_evicted_live_total",
+        "Keys evicted that held something (every sampled key was live): max_keys is too small."
     );
     describe_counter!(
         "levee_config_reloads_total",
@@ -82,6 +104,42 @@ fn describe() {
     );
     describe_counter!("levee_snapshots_total", "Snapshots written, by result.");
     describe_gauge!("levee_snapshot_keys", "Keys in the last snapshot written.");
+    describe_gauge!("levee_http_connections_open", "HTTP connections open now.");
+    describe_counter!(
+        "levee_http_connections_refused_total",
+        "HTTP connections closed as soon as accepted because api.max_connections were open."
+    );
+    describe_counter!(
+        "levee_http_connections_closed_total",
+        "HTTP connections the node closed, by reason (idle, request_timeout)."
+    );
+    describe_counter!(
+        "levee_notices_total",
+        "Threshold notices, by result: sent, failed (retried for a minute), dropped (queue full or pending at shutdown)."
+    );
+    describe_counter!(
+        "levee_notice_retries_total",
+        "Threshold notice delivery attempts that failed and were retried."
+    );
+    describe_counter!(
+        "levee_snapshot_corrupt_total",
+        "Snapshots found unreadable at start-up and moved aside."
+    );
+}
+
+/// The gauge of open HTTP connections.
+pub fn connections_open() -> Gauge {
+    gauge!("levee_http_connections_open")
+}
+
+/// Counts a connection refused for being over `api.max_connections`.
+pub fn connection_refused() {
+    counter!("levee_http_connections_refused_total").increment(1);
+}
+
+/// Counts a connection the node closed: `idle` or `request_timeout`.
+pub fn connection_closed(reason: &'static str) {
+    counter!("levee_http_connections_closed_total", "reason" => reason).increment(1);
 }
 
 /// Counter handles of one rule.
@@ -89,6 +147,8 @@ fn describe() {
 pub struct RuleMetrics {
     allowed: [Counter; 2],
     denied: [Counter; 2],
+    /// The same decisions, as the status page reads them.
+    activity: std::sync::Arc<crate::activity::RuleActivity>,
 }
 
 impl RuleMetrics {
@@ -98,6 +158,7 @@ impl RuleMetrics {
         RuleMetrics {
             allowed: [c("allowed", "enforce"), c("allowed", "shadow")],
             denied: [c("denied", "enforce"), c("denied", "shadow")],
+            activity: crate::activity::rule(name),
         }
     }
 
@@ -105,6 +166,7 @@ impl RuleMetrics {
     #[inline]
     pub fn record(&self, would_allow: bool, shadow: bool) {
         let i = usize::from(shadow);
+        self.activity.record(would_allow);
         if would_allow {
             &self.allowed[i]
         } else {
@@ -147,6 +209,38 @@ impl Default for NodeMetrics {
     }
 }
 
+/// Counter handles of threshold notices (`levee_notices_total{result}` and retries).
+#[derive(Clone)]
+pub struct NoticeMetrics {
+    /// Answered 2xx.
+    pub sent: Counter,
+    /// Retried for a minute, given up.
+    pub failed: Counter,
+    /// The target's queue was full, or still pending at shutdown.
+    pub dropped: Counter,
+    /// Attempts that failed and were retried.
+    pub retries: Counter,
+}
+
+impl NoticeMetrics {
+    /// Registers the handles.
+    pub fn new() -> NoticeMetrics {
+        let c = |result: &'static str| counter!("levee_notices_total", "result" => result);
+        NoticeMetrics {
+            sent: c("sent"),
+            failed: c("failed"),
+            dropped: c("dropped"),
+            retries: counter!("levee_notice_retries_total"),
+        }
+    }
+}
+
+impl Default for NoticeMetrics {
+    fn default() -> NoticeMetrics {
+        NoticeMetrics::new()
+    }
+}
+
 /// Counts a configuration reload.
 pub fn reload(ok: bool) {
     counter!("levee_config_reloads_total", "result" => if ok { "ok" } else { "error" })
@@ -154,9 +248,19 @@ pub fn reload(ok: bool) {
     gauge!("levee_config_last_reload_success").set(if ok { 1.0 } else { 0.0 });
 }
 
-/// Counts evictions (absolute total from the store).
-pub fn evictions(total: u64) {
+/// Whether `region` is reachable from this node, as decisions assume it (1) or not (0).
+pub fn region_reachable(region: &str, reachable: bool) {
+    gauge!("levee_region_reachable", "region" => region.to_owned()).set(if reachable {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// Counts evictions, and those of keys that held something (absolute totals from the store).
+pub fn evictions(total: u64, live: u64) {
     counter!("levee_keys_evicted_total").absolute(total);
+    counter!("levee_keys_evicted_live_total").absolute(live);
 }
 
 /// Counts a snapshot.
@@ -165,6 +269,11 @@ pub fn snapshot(ok: bool, keys: usize) {
     if ok {
         gauge!("levee_snapshot_keys").set(keys as f64);
     }
+}
+
+/// Counts a snapshot found unreadable at start-up (and moved aside).
+pub fn snapshot_corrupt() {
+    counter!("levee_snapshot_corrupt_total").increment(1);
 }
 
 /// The endpoints `levee_http_requests_total` counts.
@@ -184,11 +293,20 @@ pub enum Endpoint {
     Reset,
     /// `POST /admin/reload`.
     Reload,
+    /// `/v1/overrides/…`.
+    Overrides,
 }
 
 /// The `endpoint` label of each [`Endpoint`], in its order.
-const ENDPOINTS: [&str; 7] = [
-    "check", "batch", "refund", "authz", "usage", "reset", "reload",
+const ENDPOINTS: [&str; 8] = [
+    "check",
+    "batch",
+    "refund",
+    "authz",
+    "usage",
+    "reset",
+    "reload",
+    "overrides",
 ];
 const CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
 

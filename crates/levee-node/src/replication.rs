@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Outgoing, Route};
@@ -30,8 +30,10 @@ use crate::states::{NodeDigest, NodeStates};
 
 /// How long a forwarded batch may take before the forwarder decides alone.
 const FORWARD_TIMEOUT_MAX: Millis = 500;
-/// Most checks in one forwarded batch.
-const FORWARD_BATCH: usize = 256;
+/// Most checks in one forwarded batch: what the receiving owner accepts.
+const FORWARD_BATCH: usize = levee_proto::MAX_FORWARD_CHECKS;
+// Peers refuse key identities longer than the wire's bound: this node never makes one.
+const _: () = assert!(crate::limiter::MAX_KEY_BYTES <= levee_proto::MAX_KEY_BYTES);
 /// How often a node sends one peer an anti-entropy digest.
 const ANTI_ENTROPY_INTERVAL: Millis = 1_000;
 
@@ -79,7 +81,18 @@ pub struct Replication {
     wake_timer: Notify,
     /// `cluster.suspect_after`, ms.
     suspect_after: Millis,
+    /// Set by [`Replication::close`]: checks forwarded by region-mates are no longer decided
+    /// here (the forwarder decides alone), so nothing is admitted after the final flush and
+    /// snapshot.
+    closing: AtomicBool,
+    /// Forwarded checks being decided right now; `close` waits for none.
+    deciding: AtomicUsize,
+    /// Set by [`Replication::shutdown`]: the timer stops.
+    stopped: watch::Sender<bool>,
 }
+
+/// How long a stopping node waits for its peers to acknowledge its last deltas.
+const CLOSE_ACK_WAIT: Duration = Duration::from_secs(1);
 
 impl Replication {
     /// Starts the transport and the state machine for `config` (which has `[cluster]`); the
@@ -115,7 +128,7 @@ impl Replication {
             .filter(|n| n.id != config.node.id)
             .map(|n| PeerAddr {
                 id: n.id.clone(),
-                addr: n.addr,
+                addr: n.addr.clone(),
             })
             .collect();
         let transport_cfg = TransportConfig {
@@ -171,6 +184,9 @@ impl Replication {
             timer_at: AtomicU64::new(0),
             wake_timer: Notify::new(),
             suspect_after,
+            closing: AtomicBool::new(false),
+            deciding: AtomicUsize::new(0),
+            stopped: watch::channel(false).0,
         });
         for (owner, rx) in receivers {
             tokio::spawn(forward_loop(Arc::clone(&repl), owner, rx));
@@ -178,15 +194,11 @@ impl Replication {
         Ok((repl, inbound))
     }
 
-    /// Starts the timer and the inbound loop for the node `host`, until `stop`.
-    pub fn run<H: ClusterHost>(
-        self: &Arc<Self>,
-        host: Arc<H>,
-        inbound: mpsc::Receiver<Inbound>,
-        stop: watch::Receiver<bool>,
-    ) {
+    /// Starts the timer and the inbound loop for the node `host`; they run until
+    /// [`Replication::shutdown`] (gossip goes on while the node drains its HTTP requests).
+    pub fn run<H: ClusterHost>(self: &Arc<Self>, host: Arc<H>, inbound: mpsc::Receiver<Inbound>) {
         tokio::spawn(run_inbound(Arc::clone(&host), Arc::clone(self), inbound));
-        tokio::spawn(run_timer(host, Arc::clone(self), stop));
+        tokio::spawn(run_timer(host, Arc::clone(self), self.stopped.subscribe()));
     }
 
     /// Where a check of `key` is decided.
@@ -227,10 +239,24 @@ impl Replication {
         check: ForwardCheck,
         now: Millis,
     ) -> Option<ForwardDecision> {
+        self.forward_start(owner, check, now)?.await.ok().flatten()
+    }
+
+    /// Queues a check for its owner at once, behind the checks queued before it (the owner
+    /// decides them in that order, many to a message), and returns where its decision will
+    /// come: `None` inside when the owner could not decide in time. `None` if it could not be
+    /// queued. Several checks started before any is awaited travel together.
+    pub fn forward_start(
+        &self,
+        owner: NodeIdx,
+        check: ForwardCheck,
+        now: Millis,
+    ) -> Option<oneshot::Receiver<Option<ForwardDecision>>> {
         let tx = self.forwarders.get(usize::from(owner.0))?.as_ref()?;
+        metrics::counter!("levee_forwarded_checks_total").increment(1);
         let (reply, rx) = oneshot::channel();
         tx.try_send(Job { check, now, reply }).ok()?;
-        rx.await.ok().flatten()
+        Some(rx)
     }
 
     fn send_all(&self, out: Vec<Outgoing>) {
@@ -243,7 +269,16 @@ impl Replication {
     fn dispatch<H: ClusterHost>(self: &Arc<Self>, host: &Arc<H>, events: Vec<Event>) {
         for event in events {
             match event {
-                Event::ViewChanged(view) => host.limiter().set_view(view),
+                Event::ViewChanged(view) => {
+                    let rules = host.limiter().rules();
+                    for r in rules.replicas.regions() {
+                        crate::metrics::region_reachable(
+                            rules.replicas.region_name(r),
+                            !view.unreachable.contains(r),
+                        );
+                    }
+                    host.limiter().set_view(view);
+                }
                 Event::Synced => host.synced(),
                 Event::PeerUp(n) => tracing::info!(peer = %self.id_of(n), "peer reachable"),
                 Event::PeerDown(n) => {
@@ -258,22 +293,7 @@ impl Replication {
                     tracing::warn!(region = %rules.replicas.region_name(r), "region unreachable: deciding under conservative caps");
                 }
                 Event::ForwardReceived { from, id, checks } => {
-                    let host = Arc::clone(host);
-                    let repl = Arc::clone(self);
-                    tokio::spawn(async move {
-                        let decisions = checks
-                            .iter()
-                            .map(|c| decide_forwarded(host.limiter(), c))
-                            .collect();
-                        let now = host.limiter().clock.now_ms();
-                        let (out, events) = {
-                            let mut c = repl.cluster.lock();
-                            c.answer_forward(from, id, decisions, now);
-                            drain(&mut c)
-                        };
-                        repl.send_all(out);
-                        repl.dispatch(&host, events);
-                    });
+                    self.answer_forwarded(host, from, id, &checks);
                 }
                 Event::ForwardAnswered { id, decisions } => {
                     if let Some(tx) = self.waiting.lock().remove(&id) {
@@ -289,15 +309,93 @@ impl Replication {
         }
     }
 
-    /// Stops the transport.
+    /// Decides, as their owner, the checks a region-mate forwarded, and answers them: inline,
+    /// on the task that received them (deciding is a few microseconds a check; a task of its
+    /// own cost a wake-up per batch). Nothing is decided once the node is closing.
+    fn answer_forwarded<H: ClusterHost>(
+        self: &Arc<Self>,
+        host: &Arc<H>,
+        from: NodeIdx,
+        id: ForwardId,
+        checks: &[ForwardCheck],
+    ) {
+        // Counted before `closing` is read, so `close` sees either this decision in flight or
+        // `closing` set here (both SeqCst).
+        self.deciding.fetch_add(1, Ordering::SeqCst);
+        let decisions = if self.closing.load(Ordering::SeqCst) {
+            vec![None; checks.len()]
+        } else {
+            // A key this node took over from an unreachable owner is decided alone, and says
+            // so (`degraded`).
+            let alone: Vec<bool> = {
+                let c = self.cluster.lock();
+                checks
+                    .iter()
+                    .map(|k| c.route(k.key.as_bytes()) == Route::Alone)
+                    .collect()
+            };
+            checks
+                .iter()
+                .zip(alone)
+                .map(|(c, alone)| decide_forwarded(host.limiter(), c, alone))
+                .collect()
+        };
+        self.deciding.fetch_sub(1, Ordering::SeqCst);
+        let now = host.limiter().clock.now_ms();
+        let (out, events) = {
+            let mut c = self.cluster.lock();
+            c.answer_forward(from, id, decisions, now);
+            drain(&mut c)
+        };
+        self.send_all(out);
+        self.dispatch(host, events);
+    }
+
+    /// The node is stopping and its HTTP requests are drained: from now on checks forwarded
+    /// by region-mates are answered "not decided here" (the forwarder decides alone, as when
+    /// the owner is unreachable); once the forwarded checks in flight are decided, what
+    /// changed since the last gossip interval is sent to every peer at once, and their
+    /// acknowledgements are awaited for up to [`CLOSE_ACK_WAIT`]. After this, nothing
+    /// changes the node's counters: the final snapshot holds everything it admitted.
+    pub async fn close<H: ClusterHost>(&self, host: &H) {
+        self.closing.store(true, Ordering::SeqCst);
+        while self.deciding.load(Ordering::SeqCst) > 0 {
+            tokio::task::yield_now().await;
+        }
+        let now = host.limiter().clock.now_ms();
+        let (out, sent_at) = {
+            let mut c = self.cluster.lock();
+            let mut digest = self.digest.lock();
+            let mut states = NodeStates::new(host.limiter(), &mut digest);
+            let sent_at = c.flush(now, &mut states);
+            (std::iter::from_fn(|| c.poll_transmit()).collect(), sent_at)
+        };
+        self.send_all(out);
+        let acked = tokio::time::timeout(CLOSE_ACK_WAIT, async {
+            while !self.cluster.lock().acknowledged_since(sent_at) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .is_ok();
+        tracing::info!(acked, "last deltas sent to the peers");
+    }
+
+    /// Stops the timer and the transport.
     pub async fn shutdown(&self) {
+        self.stopped.send_replace(true);
         self.transport.shutdown().await;
     }
 }
 
-/// Decides a check forwarded by a region-mate, as the key's owner. `None` if it cannot be
-/// decided here (the forwarder then decides alone).
-pub fn decide_forwarded(limiter: &Limiter, c: &ForwardCheck) -> Option<ForwardDecision> {
+/// Decides a check forwarded by a region-mate, as the key's owner; `alone` when this node
+/// owns the key only because its owner is unreachable (as in [`Limiter::check_with`]).
+/// `None` if it cannot be decided here (the forwarder then decides alone).
+pub fn decide_forwarded(
+    limiter: &Limiter,
+    c: &ForwardCheck,
+    alone: bool,
+) -> Option<ForwardDecision> {
     let req = CheckRef {
         rule: &c.rule,
         key: &c.key,
@@ -307,9 +405,9 @@ pub fn decide_forwarded(limiter: &Limiter, c: &ForwardCheck) -> Option<ForwardDe
         dry_run: c.dry_run,
     };
     let out = if c.refund {
-        limiter.refund(req.rule, req.key, req.cost, req.class)
+        limiter.refund_with(req, alone)
     } else {
-        limiter.check(req)
+        limiter.check_with(req, alone)
     }
     .ok()?;
     let d = out.decision;
@@ -319,7 +417,13 @@ pub fn decide_forwarded(limiter: &Limiter, c: &ForwardCheck) -> Option<ForwardDe
         limit: d.limit,
         remaining: d.remaining,
         reset_after_ms: d.reset_after_ms,
-        retry_after_ms: d.retry_after_ms,
+        // An admitted decision has no retry-after: the field carries a leaky bucket's delay
+        // instead (levee_proto::ForwardDecision), so the wire format stays as it is.
+        retry_after_ms: if d.would_allow {
+            d.delay_ms
+        } else {
+            d.retry_after_ms
+        },
         degraded: d.degraded,
     })
 }
@@ -391,13 +495,21 @@ async fn run_timer<H: ClusterHost>(
             let mut states = NodeStates::new(host.limiter(), &mut digest);
             c.handle_timeout(now, &mut states);
             let (out, events) = drain(&mut c);
-            let peers = (now >= next_status).then(|| c.peers_status(now));
+            let peers =
+                (now >= next_status).then(|| (c.peers_status(now), c.refused(), c.rights_given()));
             (out, events, peers)
         };
         repl.send_all(out);
         repl.dispatch(&host, events);
-        let Some(peers) = peers else { continue };
+        let Some((peers, refused, given)) = peers else {
+            continue;
+        };
         next_status = now + 100;
+        // What peers sent that was refused after decoding (states, ids, forwards, digests):
+        // the machine counts, this exports its running total.
+        metrics::counter!("levee_replication_refused_total").absolute(refused);
+        metrics::counter!("levee_rights_moved_total").absolute(given);
+        crate::activity::set_rights_moved(given);
         for p in peers {
             let peer = repl.id_of(p.node).to_owned();
             // We hear the peer but it has not acknowledged us for twice suspect_after (it has

@@ -3,11 +3,11 @@
 //! The store lists every key used or merged since the last gossip interval; a tick takes that
 //! list once; the machine rebalances those keys (strict mode) and sends their deltas.
 
-use levee_cluster::{DigestBuckets, KeyStates, Refused, key_fingerprint};
-use levee_core::{ClusterView, DecideCtx, KeyCrdt, KeyState, Millis, Target};
-use levee_proto::decode_id;
+use levee_cluster::{DigestBuckets, KeyStates, Refused, key_fingerprint, override_hash};
+use levee_core::{ClusterView, DecideCtx, Effect, KeyCrdt, KeyState, Millis, Target};
+use levee_proto::{OverrideEntry, decode_id};
 
-use crate::limiter::{Limiter, RuleSet};
+use crate::limiter::{Limiter, OverrideTable, RuleSet};
 use crate::store::{KeyId, Slot};
 
 /// A full rebuild of the digest at least this often (ms): it drops keys the store evicted
@@ -45,6 +45,10 @@ impl NodeDigest {
 pub struct NodeStates<'a> {
     limiter: &'a Limiter,
     rules: arc_swap::Guard<std::sync::Arc<RuleSet>>,
+    /// The runtime overrides (a key's own figures are its target's).
+    overrides: arc_swap::Guard<std::sync::Arc<OverrideTable>>,
+    /// When this call began: which overrides are in force.
+    now: Millis,
     /// The store's list of keys changed since the last gossip interval, taken when the
     /// machine first asks for it (rebalancing or deltas: only at the end of an interval).
     active: Option<Vec<KeyId>>,
@@ -58,6 +62,8 @@ impl<'a> NodeStates<'a> {
         NodeStates {
             limiter,
             rules: limiter.rules(),
+            overrides: limiter.overrides(),
+            now: limiter.clock.now_ms(),
             active: None,
             pending: Vec::new(),
             digest,
@@ -76,14 +82,30 @@ impl<'a> NodeStates<'a> {
 }
 
 /// Epochs a key's fingerprint covers, from its rule.
-fn retained(rules: &RuleSet, id: &[u8]) -> u64 {
-    target_of(rules, id).map_or(1, |t| t.algorithm.retained_epochs())
+fn retained(rules: &RuleSet, overrides: &OverrideTable, id: &[u8], now: Millis) -> u64 {
+    target_of(rules, overrides, id, now).map_or(1, |t| t.algorithm.retained_epochs())
 }
 
-/// The bucket target a stored identity belongs to ([`levee_core::Rule::target_of_bucket`]).
-pub fn target_of<'r>(rules: &'r RuleSet, id: &[u8]) -> Option<Target<'r>> {
-    let (rule, bucket, _) = decode_id(id)?;
-    rules.by_name.get(rule)?.rule.target_of_bucket(bucket)
+/// The bucket target a stored identity belongs to at `now`
+/// ([`levee_core::Rule::target_of_bucket_with`]), with the key's own figures when it has an
+/// override (runtime in `overrides`, else the rule's `[[rule.override]]`): what merging,
+/// rebalancing, snapshots and eviction read, as deciding does.
+pub fn target_of<'r>(
+    rules: &'r RuleSet,
+    overrides: &'r OverrideTable,
+    id: &[u8],
+    now: Millis,
+) -> Option<Target<'r>> {
+    let (rule, bucket, key) = decode_id(id)?;
+    let rule = &rules.by_name.get(rule)?.rule;
+    let over = match overrides
+        .effect(&rule.name, key, now)
+        .or_else(|| rule.overrides.get(key))
+    {
+        Some(Effect::Figures(a)) => Some(a),
+        _ => None,
+    };
+    rule.target_of_bucket_with(bucket, over)
 }
 
 impl KeyStates for NodeStates<'_> {
@@ -93,16 +115,17 @@ impl KeyStates for NodeStates<'_> {
         let mut out = Vec::new();
         while out.len() < max {
             let Some(id) = self.pending.pop() else { break };
-            let retained = retained(&self.rules, &id);
+            let retained = retained(&self.rules, &self.overrides, &id, self.now);
             let digest = &mut *self.digest;
-            let delta = self.limiter.store().with_slot(&id, |slot| {
+            // A key evicted since it was listed is not created again.
+            let delta = self.limiter.store().with_existing_slot(&id, |slot| {
                 slot.queued = false;
                 let d = slot.state.take_delta(me);
                 let fp = key_fingerprint(&id, slot.state.crdt(), retained);
                 digest.record(&id, slot, fp);
                 d
             });
-            if let Some(d) = delta {
+            if let Some(Some(d)) = delta {
                 out.push((id.to_vec(), d));
             }
         }
@@ -110,8 +133,8 @@ impl KeyStates for NodeStates<'_> {
     }
 
     fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused> {
-        let target =
-            target_of(&self.rules, id).ok_or_else(|| Refused("unknown rule or class".into()))?;
+        let target = target_of(&self.rules, &self.overrides, id, now)
+            .ok_or_else(|| Refused("unknown rule or class".into()))?;
         let ctx = DecideCtx {
             now,
             me: self.rules.me,
@@ -136,9 +159,9 @@ impl KeyStates for NodeStates<'_> {
     }
 
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64)) {
-        let rules = &self.rules;
+        let (rules, overrides) = (&self.rules, &self.overrides);
         self.limiter.store().for_each(|id, state| {
-            let oldest = target_of(rules, id).map_or(0, |t| {
+            let oldest = target_of(rules, overrides, id, now).map_or(0, |t| {
                 t.algorithm
                     .epoch(now)
                     .saturating_sub(t.algorithm.retained_epochs() - 1)
@@ -154,9 +177,10 @@ impl KeyStates for NodeStates<'_> {
             d.next_rebuild = now + DIGEST_REBUILD_MS;
             d.buckets.clear();
             d.recorded = 0;
-            let rules = &self.rules;
+            let (rules, overrides) = (&self.rules, &self.overrides);
             store.for_each_slot(|id, slot| {
-                let fp = key_fingerprint(id, slot.state.crdt(), retained(rules, id));
+                let fp =
+                    key_fingerprint(id, slot.state.crdt(), retained(rules, overrides, id, now));
                 slot.fingerprint = 0;
                 d.record(id, slot, fp);
             });
@@ -170,14 +194,120 @@ impl KeyStates for NodeStates<'_> {
 
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         self.active();
-        let rules = &self.rules;
+        let (rules, overrides, now) = (&self.rules, &self.overrides, self.now);
         for id in self.active.as_deref().unwrap_or_default() {
-            let Some(target) = target_of(rules, id) else {
+            let Some(target) = target_of(rules, overrides, id, now) else {
                 continue;
             };
             self.limiter
                 .store()
-                .with_slot(id, |slot| f(id, &mut slot.state, &target));
+                .with_existing_slot(id, |slot| f(id, &mut slot.state, &target));
         }
+    }
+    fn take_overrides(&mut self) -> Vec<OverrideEntry> {
+        self.limiter
+            .take_changed_overrides()
+            .into_iter()
+            .map(|(rule, key, reg)| OverrideEntry { rule, key, reg })
+            .collect()
+    }
+
+    fn all_overrides(&self) -> Vec<OverrideEntry> {
+        self.limiter
+            .overrides()
+            .registers()
+            .map(|(rule, key, reg)| OverrideEntry {
+                rule: rule.to_owned(),
+                key: key.to_owned(),
+                reg: reg.clone(),
+            })
+            .collect()
+    }
+
+    fn overrides_digest(&self) -> u64 {
+        self.all_overrides()
+            .iter()
+            .fold(0, |acc, e| acc ^ override_hash(e))
+    }
+
+    fn merge_overrides(&mut self, entries: Vec<OverrideEntry>) -> usize {
+        self.limiter.merge_overrides(
+            entries
+                .into_iter()
+                .map(|e| (e.rule, e.key, e.reg))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::limiter::Clock;
+    use crate::store::encode_id;
+
+    fn node(id: &str, max_keys: usize) -> Limiter {
+        let text = format!(
+            "[node]\nid = \"{id}\"\nregion = \"{region}\"\nmax_keys = {max_keys}\n\n\
+             [cluster]\nregions = {{ eu = 1, us = 1 }}\n\
+             tls = {{ ca = \"ca.pem\", cert = \"n.pem\", key = \"n.key\" }}\n\
+             [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9001\"\n\
+             [[cluster.node]]\nid = \"us-1\"\nregion = \"us\"\naddr = \"127.0.0.1:9002\"\n\n\
+             [[rule]]\nname = \"q\"\nalgorithm = \"quota\"\nlimit = 1000\nperiod = \"month\"\n",
+            region = &id[..2]
+        );
+        let config = Config::parse(&text, "t.toml").expect("a valid configuration");
+        Limiter::new(&config, Clock::default())
+    }
+
+    use crate::limiter::test_support::charge;
+
+    /// Everything `from` changed since the last call, merged into `to` as gossip would.
+    fn gossip(from: &Limiter, to: &Limiter) {
+        let (mut d1, mut d2) = (NodeDigest::default(), NodeDigest::default());
+        let deltas = NodeStates::new(from, &mut d1).drain_deltas(usize::MAX);
+        let now = to.clock.now_ms();
+        let mut into = NodeStates::new(to, &mut d2);
+        for (id, crdt) in deltas {
+            into.merge(&id, &crdt, now).expect("merged");
+        }
+    }
+
+    /// Keys merged from a peer are held, and evicted, like keys decided here: a peer's flood
+    /// of fresh keys evicts its own kind, not a key that holds a large part of its limit, and
+    /// a key evicted after it was listed as changed is not created again by the next tick.
+    #[test]
+    fn merged_keys_are_held_and_evicted_like_any_other() {
+        let (eu, us) = (node("eu-1", 50), node("us-1", 1_000));
+        eu.store().track_changes();
+        us.store().track_changes();
+        charge(&us, "victim", 400);
+        gossip(&us, &eu);
+        for i in 0..500 {
+            charge(&us, &format!("flood-{i}"), 1);
+            if i % 50 == 49 {
+                gossip(&us, &eu);
+                assert!(eu.store().len() <= 50);
+            }
+        }
+        assert_eq!(
+            eu.usage("q", "victim", None).expect("usage").usage.used,
+            400
+        );
+        let evicted = eu.store().evictions();
+        assert_eq!(evicted, 501 - 50);
+        // The tick drains the keys merged since the last one, most of them evicted since.
+        let mut digest = NodeDigest::default();
+        NodeStates::new(&eu, &mut digest).drain_deltas(usize::MAX);
+        assert_eq!(
+            eu.store().evictions(),
+            evicted,
+            "evicted keys were created again"
+        );
+        assert_eq!(eu.store().len(), 50);
+        let mut id = Vec::new();
+        encode_id(&mut id, "q", None, "victim");
+        assert!(eu.store().peek(&id, |_| ()).is_some());
     }
 }

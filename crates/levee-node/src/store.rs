@@ -4,20 +4,24 @@
 //! bytes, encoded as one byte string. Each key's identity and state sit in one allocation
 //! ([`KeyEntry`]), the state behind its own mutex so that an atomic call over several keys can
 //! lock them all, always in the same (sorted) order, without ever holding two locks of one map
-//! shard. The map and the eviction clock hold pointers to that allocation.
+//! shard. The map and the eviction pool hold pointers to that allocation.
 //!
 //! ## The bound
 //!
-//! When a new key would exceed `max_keys`, the store evicts first. Victims are chosen by the
-//! CLOCK (second chance) algorithm over insertion order: a key used again since it was
-//! last looked at gets another round, a key seen once is evicted. A flood of unique keys
-//! therefore evicts its own keys, oldest first, and never the keys that are in use. An evicted
-//! key forgets its counts: its next request starts from a full limit. `levee_keys_evicted_total`
-//! counts evictions.
+//! When a new key would exceed `max_keys`, the store evicts first. The victim is the key whose
+//! loss would admit the least: the store samples [`EVICTION_SAMPLE`] keys at random (as Redis's
+//! approximated LRU does; up to [`EVICTION_SAMPLE_MAX`] when all of them are [`HEAVY`]) and
+//! forgets the one of least weight, its [`Weigher`]'s measure of
+//! how much of its limit the key holds (the node's weigher: the part of the limit used, in
+//! millionths). A key that holds nothing (a full bucket, a window with no consumption) weighs
+//! 0 and ends the sampling at once. A key locked or held by a caller right now is never
+//! chosen. A flood of fresh keys therefore evicts its own kind, never a key near its limit,
+//! and the cost is paid only when a key is created in a full store: a check of a held key does
+//! not touch the sample pool. An evicted key forgets its counts: its next request starts from
+//! a full limit. `levee_keys_evicted_total` counts evictions.
 
 use std::borrow::Borrow;
-use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -32,13 +36,25 @@ pub type KeyId = Arc<[u8]>;
 
 pub use levee_proto::{NO_BUCKET, decode_id, encode_id};
 
-/// A key's state and its use count since the clock hand last passed.
+/// Keys sampled per eviction; the least weighty of them is evicted.
+pub const EVICTION_SAMPLE: usize = 8;
+
+/// Keys sampled at most per eviction when the first [`EVICTION_SAMPLE`] all hold at least
+/// [`HEAVY`]: a store full of keys near their limits is searched harder for a lighter one.
+pub const EVICTION_SAMPLE_MAX: usize = 64;
+
+/// The weight from which a key counts as heavy (half of the node weigher's scale, a million).
+pub const HEAVY: u32 = 500_000;
+
+/// How much forgetting a key would admit: 0 for a key that holds nothing, larger for a key
+/// nearer its limit. The store evicts the least weighty key of a sample.
+pub type Weigher = Box<dyn Fn(&[u8], &KeyState) -> u32 + Send + Sync>;
+
+/// A key's state and its replication bookkeeping.
 #[derive(Debug, Default)]
 pub struct Slot {
     /// The key's state.
     pub state: KeyState,
-    /// Uses since the eviction clock last looked at this key (saturating).
-    pub hits: u8,
     /// Whether the key is in the store's list of changed keys.
     pub queued: bool,
     /// The key's part of the anti-entropy digest as last recorded (0: not recorded); kept
@@ -47,7 +63,7 @@ pub struct Slot {
 }
 
 /// One key: its identity (inline up to 16 bytes, the common case for short rule names and
-/// keys) and its slot, in one allocation that the map and the eviction clock share.
+/// keys) and its slot, in one allocation that the map and the eviction pool share.
 #[derive(Debug)]
 pub struct KeyEntry {
     id: SmallVec<[u8; 16]>,
@@ -94,25 +110,50 @@ impl Borrow<[u8]> for Handle {
     }
 }
 
+/// Every key the store created, to sample eviction candidates from, and the sampler's random
+/// numbers. Keys removed from the map (reset, reload) stay until a sample meets them or a
+/// sweep drops them.
+struct Pool {
+    keys: Vec<Handle>,
+    rng: fastrand::Rng,
+}
+
 /// The bounded key store.
 pub struct Store {
     map: DashMap<Handle, ()>,
-    clock: Mutex<VecDeque<Handle>>,
+    pool: Mutex<Pool>,
+    weigher: Weigher,
     max_keys: usize,
     evictions: AtomicU64,
+    /// Of those, keys that held something (a count a request could have been denied on).
+    evictions_live: AtomicU64,
     /// Keys used or changed since the replication last drained them (cluster mode only).
     changed: Mutex<Vec<KeyId>>,
     tracking: AtomicBool,
 }
 
 impl Store {
-    /// An empty store holding at most `max_keys` keys.
+    /// An empty store holding at most `max_keys` keys, every key weighing the same (the
+    /// victim of an eviction is any key not in use).
     pub fn new(max_keys: usize) -> Store {
+        Store::with_weigher(max_keys, Box::new(|_, _| 0))
+    }
+
+    /// An empty store holding at most `max_keys` keys, evicting the least weighty by `weigher`.
+    pub fn with_weigher(max_keys: usize, weigher: Weigher) -> Store {
+        // Seeded from the process's random hasher keys, so that nobody outside can predict
+        // which keys a sample meets.
+        let seed = std::collections::hash_map::RandomState::new().hash_one(max_keys);
         Store {
             map: DashMap::with_capacity(max_keys.min(1 << 16)),
-            clock: Mutex::new(VecDeque::new()),
+            pool: Mutex::new(Pool {
+                keys: Vec::new(),
+                rng: fastrand::Rng::with_seed(seed),
+            }),
+            weigher,
             max_keys,
             evictions: AtomicU64::new(0),
+            evictions_live: AtomicU64::new(0),
             changed: Mutex::new(Vec::new()),
             tracking: AtomicBool::new(false),
         }
@@ -133,22 +174,45 @@ impl Store {
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// Keys evicted so far that held something (every sampled key was live): a sign that
+    /// `max_keys` is too small for the keys really in use.
+    pub fn evictions_live(&self) -> u64 {
+        self.evictions_live.load(Ordering::Relaxed)
+    }
+
     /// Runs `f` on the key's state, creating it (and evicting if needed) when missing.
     #[inline]
     pub fn with<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
         if let Some(entry) = self.map.get(id) {
             let mut s = entry.key().0.lock();
-            s.hits = s.hits.saturating_add(1);
             let r = f(&mut s.state);
             self.note(id, &mut s);
             return r;
         }
         let entry = self.slot(id);
         let mut s = entry.lock();
-        s.hits = s.hits.saturating_add(1);
         let r = f(&mut s.state);
         self.note(id, &mut s);
         r
+    }
+
+    /// Runs `f` on the key's state if the key is held, else on a fresh state that is then
+    /// dropped: for reads (dry runs, checks of cost 0) and for what changes nothing on a key
+    /// that holds nothing (a refund), none of which may create a key.
+    #[inline]
+    pub fn with_existing<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
+        if let Some(entry) = self.map.get(id) {
+            let mut s = entry.key().0.lock();
+            let r = f(&mut s.state);
+            self.note(id, &mut s);
+            return r;
+        }
+        f(&mut KeyState::new())
+    }
+
+    /// The entry of a key, if it is held.
+    pub fn get(&self, id: &[u8]) -> Option<SlotRef> {
+        self.map.get(id).map(|e| Arc::clone(&e.key().0))
     }
 
     /// Starts listing the keys that are used or changed, for replication to drain.
@@ -180,6 +244,13 @@ impl Store {
         f(&mut s)
     }
 
+    /// Runs `f` on a key's slot if the key is held, without counting a use.
+    pub fn with_existing_slot<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
+        let entry = self.map.get(id)?;
+        let mut s = entry.key().0.lock();
+        Some(f(&mut s))
+    }
+
     /// Runs `f` on the key's state if the key exists.
     pub fn peek<R>(&self, id: &[u8], f: impl FnOnce(&KeyState) -> R) -> Option<R> {
         let entry = self.map.get(id)?;
@@ -204,7 +275,7 @@ impl Store {
             id: SmallVec::from_slice(id),
             slot: Mutex::new(fresh()),
         });
-        // The shard's lock is released at the end of this statement, before the clock's.
+        // The shard's lock is released at the end of this statement, before the pool's.
         let (entry, inserted) = match self.map.entry(Handle(Arc::clone(&new))) {
             dashmap::Entry::Occupied(o) => (Arc::clone(&o.key().0), false),
             dashmap::Entry::Vacant(v) => {
@@ -213,12 +284,12 @@ impl Store {
             }
         };
         if inserted {
-            let mut clock = self.clock.lock();
-            clock.push_back(Handle(Arc::clone(&entry)));
-            // Entries removed from the map (reset, reload) stay in the clock until the hand
-            // passes; sweep them when they pile up, so the clock stays near the map's size.
-            if clock.len() > 2 * self.map.len() + 1024 {
-                clock.retain(|h| self.is_live(h));
+            let mut pool = self.pool.lock();
+            pool.keys.push(Handle(Arc::clone(&entry)));
+            // Entries removed from the map (reset, reload) stay in the pool until a sample
+            // meets them; sweep them when they pile up, so the pool stays near the map's size.
+            if pool.keys.len() > 2 * self.map.len() + 1024 {
+                pool.keys.retain(|h| self.is_live(h));
             }
         }
         (entry, inserted)
@@ -236,13 +307,10 @@ impl Store {
         let mut state = Some(state);
         let (entry, inserted) = self.slot_with(&id, || Slot {
             state: state.take().unwrap_or_default(),
-            hits: 1,
             ..Slot::default()
         });
         if !inserted && let Some(state) = state {
-            let mut s = entry.lock();
-            s.state = state;
-            s.hits = 1;
+            entry.lock().state = state;
         }
     }
 
@@ -251,41 +319,82 @@ impl Store {
         self.map.remove(id).is_some()
     }
 
-    /// Evicts up to `n` keys by the CLOCK algorithm.
+    /// Evicts up to `n` keys, each the least weighty of a random sample.
     fn evict(&self, n: usize) {
-        let mut clock = self.clock.lock();
-        let mut evicted = 0;
-        // Every key gets at most one second chance per call, so this always ends.
-        let mut budget = clock.len() * 2 + 1;
-        while evicted < n && budget > 0 {
-            budget -= 1;
-            let Some(h) = clock.pop_front() else { break };
-            if !self.is_live(&h) {
-                continue; // removed meanwhile
+        let mut pool = self.pool.lock();
+        for _ in 0..n {
+            if !self.evict_one(&mut pool) {
+                break;
             }
-            let used_again = {
-                let mut s = h.0.lock();
-                let again = s.hits > 1;
-                s.hits = 1;
-                again
+        }
+    }
+
+    /// Samples up to [`EVICTION_SAMPLE`] keys not in use and evicts the least weighty; a key
+    /// that holds nothing (weight 0) is evicted as soon as it is met. Returns whether a key
+    /// was evicted.
+    fn evict_one(&self, pool: &mut Pool) -> bool {
+        let mut best: Option<(usize, u32)> = None;
+        let mut weighed = 0;
+        // Bounded: keys in use are skipped, stale handles dropped, and the sample is small.
+        for _ in 0..EVICTION_SAMPLE_MAX * 2 {
+            let enough = match best {
+                Some((_, w)) if w < HEAVY => weighed >= EVICTION_SAMPLE,
+                _ => weighed >= EVICTION_SAMPLE_MAX,
             };
-            if used_again {
-                clock.push_back(h);
+            if enough || pool.keys.is_empty() {
+                break;
+            }
+            let i = pool.rng.usize(..pool.keys.len());
+            let h = &pool.keys[i];
+            if !self.is_live(h) {
+                pool.keys.swap_remove(i);
+                // The last handle moved to `i`.
+                if let Some((b, _)) = &mut best
+                    && *b == pool.keys.len()
+                {
+                    *b = i;
+                }
                 continue;
             }
-            // Only remove an entry nobody is holding right now: the map's handle and ours.
-            if self
-                .map
-                .remove_if(&h.0.id[..], |k, ()| {
-                    Arc::ptr_eq(&k.0, &h.0) && Arc::strong_count(&h.0) == 2
-                })
-                .is_some()
-            {
-                evicted += 1;
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            } else if self.is_live(&h) {
-                clock.push_back(h);
+            // In use: held by a caller (the map's handle and the pool's are the only others).
+            if Arc::strong_count(&h.0) > 2 {
+                continue;
             }
+            let Some(s) = h.0.slot.try_lock() else {
+                continue;
+            };
+            let w = (self.weigher)(&h.0.id, &s.state);
+            drop(s);
+            weighed += 1;
+            if best.is_none_or(|(_, bw)| w < bw) {
+                best = Some((i, w));
+            }
+            if w == 0 {
+                break;
+            }
+        }
+        let Some((i, weight)) = best else {
+            return false;
+        };
+        let h = pool.keys.swap_remove(i);
+        // Only remove an entry nobody is holding right now: the map's handle and ours.
+        if self
+            .map
+            .remove_if(&h.0.id[..], |k, ()| {
+                Arc::ptr_eq(&k.0, &h.0) && Arc::strong_count(&h.0) == 2
+            })
+            .is_some()
+        {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            if weight > 0 {
+                self.evictions_live.fetch_add(1, Ordering::Relaxed);
+            }
+            true
+        } else {
+            if self.is_live(&h) {
+                pool.keys.push(h);
+            }
+            false
         }
     }
 
@@ -306,11 +415,11 @@ impl Store {
         }
     }
 
-    /// Keeps only the keys for which `keep` returns true; also forgets them in the clock.
+    /// Keeps only the keys for which `keep` returns true; also forgets them in the pool.
     pub fn retain(&self, mut keep: impl FnMut(&[u8], &mut KeyState) -> bool) {
         self.map
             .retain(|h, ()| keep(&h.0.id, &mut h.0.lock().state));
-        self.clock.lock().retain(|h| self.is_live(h));
+        self.pool.lock().keys.retain(|h| self.is_live(h));
     }
 }
 
@@ -325,7 +434,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_removed_and_created_again_do_not_pile_up_in_the_clock() {
+    fn keys_removed_and_created_again_do_not_pile_up_in_the_pool() {
         let store = Store::new(1_000);
         for i in 0..20_000 {
             let k = id(&format!("k{}", i % 10));
@@ -334,7 +443,7 @@ mod tests {
             assert!(!store.remove(&k));
         }
         assert!(store.is_empty());
-        assert!(store.clock.lock().len() <= 1024 + 1);
+        assert!(store.pool.lock().keys.len() <= 1024 + 1);
         // Restoring a key that exists replaces its state and keeps one entry.
         let k = id("restored");
         store.with(&k, |_| ());
@@ -356,28 +465,111 @@ mod tests {
         assert!(with_counts <= 192, "a key entry takes {with_counts} bytes");
     }
 
+    /// A weigher reading the weight from the key's name: `w<weight>-…`, else 0.
+    fn by_name() -> Weigher {
+        Box::new(|id, _| {
+            let (_, _, key) = decode_id(id).expect("an identity");
+            key.strip_prefix('w')
+                .and_then(|k| k.split('-').next())
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(0)
+        })
+    }
+
     #[test]
-    fn a_flood_of_unique_keys_stays_bounded_and_spares_keys_in_use() {
-        let store = Store::new(100);
+    fn a_flood_of_unique_keys_stays_bounded_and_spares_keys_that_hold_something() {
+        let store = Store::with_weigher(100, by_name());
+        // Keys near their limits, never touched again during the flood.
         for k in 0..10 {
-            store.with(&id(&format!("hot-{k}")), |_| ());
-            store.with(&id(&format!("hot-{k}")), |_| ());
+            store.with(&id(&format!("w900000-victim-{k}")), |_| ());
         }
         for i in 0..10_000 {
-            store.with(&id(&format!("flood-{i}")), |_| ());
-            if i % 50 == 0 {
-                for k in 0..10 {
-                    store.with(&id(&format!("hot-{k}")), |_| ());
-                }
-            }
+            // The flood's own keys hold little (or nothing).
+            store.with(&id(&format!("w{}-flood-{i}", i % 1000)), |_| ());
             assert!(store.len() <= 100);
         }
         for k in 0..10 {
             assert!(
-                store.peek(&id(&format!("hot-{k}")), |_| ()).is_some(),
-                "hot-{k} was evicted"
+                store
+                    .peek(&id(&format!("w900000-victim-{k}")), |_| ())
+                    .is_some(),
+                "victim-{k} was evicted"
             );
         }
-        assert!(store.evictions() >= 9_900);
+        assert_eq!(store.evictions(), 10 + 10_000 - 100);
+    }
+
+    /// The eviction choice, over random stores: keys heavier than every key of the flood
+    /// survive it while they are at most a quarter of the store; keys that hold nothing go
+    /// before keys that hold something whenever the sample meets one; the bound always holds.
+    #[test]
+    fn eviction_takes_the_lightest_key_of_its_sample() {
+        let mut rng = fastrand::Rng::with_seed(12);
+        for round in 0..20 {
+            let max = rng.usize(40..400);
+            let store = Store::with_weigher(max, by_name());
+            let heavy = rng.usize(1..=max / 4);
+            let line = rng.u32(1..1_000_000);
+            for k in 0..heavy {
+                store.with(
+                    &id(&format!("w{}-heavy-{k}", rng.u32(line..=1_000_000))),
+                    |_| (),
+                );
+            }
+            let mut flood = Vec::new();
+            for i in 0..max * 10 {
+                let w = if rng.bool() { 0 } else { rng.u32(0..line) };
+                let k = id(&format!("w{w}-flood-{i}"));
+                store.with(&k, |_| ());
+                flood.push(k);
+                assert!(store.len() <= max, "round {round}: over max_keys");
+            }
+            let mut held = 0;
+            store.for_each(|id, _| {
+                let (_, _, key) = decode_id(id).expect("an identity");
+                held += usize::from(key.contains("-heavy-"));
+            });
+            assert_eq!(held, heavy, "round {round}: a heavy key was evicted");
+            // Of the flood keys still held, the weightless ones are a minority although they
+            // are half the flood: each eviction ends at the first weightless key it meets.
+            let weightless = flood
+                .iter()
+                .filter(|k| store.peek(k, |_| ()).is_some())
+                .filter(|k| (by_name())(k, &KeyState::new()) == 0)
+                .count();
+            assert!(
+                weightless * 2 < max,
+                "round {round}: {weightless} weightless keys held of {max}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_held_by_a_caller_is_never_evicted() {
+        let store = Store::new(10);
+        let busy = id("busy");
+        let held = store.slot(&busy);
+        let _guard = held.lock();
+        for i in 0..1_000 {
+            store.with(&id(&format!("k{i}")), |_| ());
+            assert!(store.len() <= 10);
+        }
+        assert!(
+            store.map.contains_key(&busy[..]),
+            "the busy key was evicted"
+        );
+    }
+
+    #[test]
+    fn reads_create_no_key() {
+        let store = Store::new(10);
+        let k = id("read");
+        assert!(store.with_existing(&k, |s| s.crdt().is_empty()));
+        assert!(store.is_empty());
+        assert!(store.with_existing_slot(&k, |_| ()).is_none());
+        assert!(store.is_empty());
+        store.with(&k, |_| ());
+        assert_eq!(store.with_existing_slot(&k, |_| 7), Some(7));
+        assert_eq!(store.len(), 1);
     }
 }

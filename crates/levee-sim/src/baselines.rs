@@ -24,7 +24,7 @@ use levee_testkit::rng::SeededRng;
 use crate::heal::HealFigure;
 use crate::ledger::Ledger;
 use crate::net::SimNet;
-use crate::plan::{FaultKind, NetParams, RunPlan, T0, WINDOW_MS};
+use crate::plan::{FaultKind, NetParams, RunPlan, T0};
 
 /// Region liveness and links, replayed from the plan's faults.
 struct World<'p, P> {
@@ -80,8 +80,8 @@ impl<'p, P: Clone> World<'p, P> {
     }
 }
 
-fn window(now: u64) -> u64 {
-    (T0 + now) / WINDOW_MS
+fn window(plan: &RunPlan, now: u64) -> u64 {
+    plan.window_of(T0 + now)
 }
 
 /// Each region enforces its static part of the limit alone.
@@ -94,7 +94,7 @@ pub fn run_static_split(plan: &RunPlan) -> Ledger {
     for r in &plan.requests {
         world.advance(r.at);
         let region = r.region as usize;
-        let w = window(r.at);
+        let w = window(plan, r.at);
         ledger.demand(r.key, w, region);
         if !world.region_up(region) {
             continue;
@@ -145,7 +145,7 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
                     if !world.region_up(home) {
                         continue;
                     }
-                    let w = window(now);
+                    let w = window(plan, now);
                     let allowed = decide(&mut count, key, w);
                     world.net.send(
                         now,
@@ -174,7 +174,7 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
             let r = plan.requests[next];
             next += 1;
             let region = r.region as usize;
-            let w = window(now);
+            let w = window(plan, now);
             ledger.demand(r.key, w, region);
             if !world.region_up(region) {
                 continue;
@@ -222,7 +222,7 @@ pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
                 watches.push(HealFigure::new(plan, ep));
             }
         }
-        let w_now = window(now);
+        let w_now = window(plan, now);
         while let Some(m) = world.net.pop_due(now) {
             if !world.region_up(m.to) {
                 continue;

@@ -58,7 +58,7 @@ use levee_core::Consistency;
 
 use crate::heal::HealFigure;
 use crate::ledger::{Ledger, WindowBook};
-use crate::plan::{Episode, RunPlan, T0, WINDOW_MS};
+use crate::plan::{Episode, RunPlan, T0};
 
 /// The five policies of the accuracy figure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -130,6 +130,10 @@ pub enum ViolationKind {
     HealAgreement,
     /// Views had not agreed when the run ended.
     HealNever,
+    /// Strict mode denied a check while the window still had room (by the true tallies)
+    /// with a retry-after longer than the time rights take to arrive
+    /// ([`levee_core::RIGHTS_RETRY_MS`]).
+    RetryAfter,
     /// A frame failed to encode or decode, or a decision was missing.
     Error,
     /// The run panicked.
@@ -138,7 +142,7 @@ pub enum ViolationKind {
 
 impl ViolationKind {
     /// Every kind, for reports.
-    pub const ALL: [ViolationKind; 9] = [
+    pub const ALL: [ViolationKind; 10] = [
         ViolationKind::StrictLimit,
         ViolationKind::OptimisticBound,
         ViolationKind::OptimisticView,
@@ -146,6 +150,7 @@ impl ViolationKind {
         ViolationKind::PartitionShare,
         ViolationKind::HealAgreement,
         ViolationKind::HealNever,
+        ViolationKind::RetryAfter,
         ViolationKind::Error,
         ViolationKind::Panic,
     ];
@@ -160,6 +165,7 @@ impl ViolationKind {
             ViolationKind::PartitionShare => "partition-share",
             ViolationKind::HealAgreement => "heal-agreement",
             ViolationKind::HealNever => "heal-never",
+            ViolationKind::RetryAfter => "retry-after",
             ViolationKind::Error => "error",
             ViolationKind::Panic => "panic",
         }
@@ -189,8 +195,8 @@ impl fmt::Display for Violation {
     }
 }
 
-fn rel(window: u64) -> u64 {
-    window - T0 / WINDOW_MS
+fn rel(plan: &RunPlan, window: u64) -> u64 {
+    window - T0 / plan.window_ms
 }
 
 /// Checks a Levee run. `errors` are the driver's own reports.
@@ -218,12 +224,24 @@ pub fn check_levee(
     for (&(key, w), book) in &ledger.windows {
         let admitted = book.admitted_total();
         let name = &plan.keys[key as usize];
+        if policy == Policy::Strict && book.retry_with_room.1 > levee_core::RIGHTS_RETRY_MS {
+            push(
+                ViolationKind::RetryAfter,
+                format!(
+                    "key {name} window {}: {} checks denied while the window had room, the longest retry_after_ms {} > {}",
+                    rel(plan, w),
+                    book.retry_with_room.0,
+                    book.retry_with_room.1,
+                    levee_core::RIGHTS_RETRY_MS
+                ),
+            );
+        }
         match policy {
             Policy::Strict if admitted > limit + book.forgotten => push(
                 ViolationKind::StrictLimit,
                 format!(
                     "key {name} window {}: admitted {admitted} > limit {limit} + usage lost with crashed nodes {} (state live peers held but a restarted node did not pull before deciding: {})",
-                    rel(w),
+                    rel(plan, w),
                     book.forgotten,
                     book.unrecovered
                 ),
@@ -235,7 +253,7 @@ pub fn check_levee(
                         ViolationKind::OptimisticView,
                         format!(
                             "key {name} window {}: admitted {admitted} > limit {limit} + unaccounted at the last admission {slack}",
-                            rel(w)
+                            rel(plan, w)
                         ),
                     );
                 }
@@ -251,7 +269,7 @@ pub fn check_levee(
                         ViolationKind::OptimisticBound,
                         format!(
                             "key {name} window {}: admitted {admitted} > limit {limit} + in flight when the partition began {cut} + taken between syncs by regions still connected {between_syncs} (unaccounted at the last admission: {slack})",
-                            rel(w)
+                            rel(plan, w)
                         ),
                     );
                 }
@@ -276,7 +294,7 @@ pub fn check_levee(
                                 ViolationKind::PartitionCap,
                                 format!(
                                     "key {name} window {}: side {side:?} admitted {admitted} > cap {cap} (share {share})",
-                                    rel(w)
+                                    rel(plan, w)
                                 ),
                             );
                         }
@@ -285,7 +303,7 @@ pub fn check_levee(
                                 ViolationKind::PartitionShare,
                                 format!(
                                     "key {name} window {}: side {side:?} admitted {admitted} < 95 % of its share {share} (demand {demand})",
-                                    rel(w)
+                                    rel(plan, w)
                                 ),
                             );
                         }
@@ -335,12 +353,13 @@ fn side_slack(policy: Policy, book: &WindowBook, side: &[usize]) -> u64 {
 pub fn partition_windows(plan: &RunPlan) -> Vec<u64> {
     use crate::plan::FaultKind;
     let off = plan.max_offset() as u64;
-    let first = T0 / WINDOW_MS;
-    let last = (T0 + plan.duration_ms) / WINDOW_MS;
+    let w_ms = plan.window_ms;
+    let first = T0 / w_ms;
+    let last = (T0 + plan.duration_ms) / w_ms;
     (first..=last)
         .filter(|&w| {
-            let lo = (w * WINDOW_MS - T0).saturating_sub(off);
-            let hi = (w + 1) * WINDOW_MS - T0 + off;
+            let lo = (w * w_ms).saturating_sub(T0 + off);
+            let hi = (w + 1) * w_ms - T0 + off;
             let heals_inside = plan
                 .faults
                 .iter()
@@ -370,12 +389,13 @@ pub fn inside_windows(plan: &RunPlan, ep: &Episode) -> Vec<u64> {
     let p = &plan.protocol;
     let off = plan.max_offset() as u64;
     let seen = ep.start + p.suspect_after + 2 * p.gossip_interval;
-    let first = T0 / WINDOW_MS + 1;
-    let last = (T0 + plan.duration_ms) / WINDOW_MS;
+    let w_ms = plan.window_ms;
+    let first = T0 / w_ms + 1;
+    let last = (T0 + plan.duration_ms) / w_ms;
     (first..last)
         .filter(|&w| {
-            let prev_start = ((w - 1) * WINDOW_MS - T0).saturating_sub(off);
-            let end = (w + 1) * WINDOW_MS - T0 + off;
+            let prev_start = ((w - 1) * w_ms).saturating_sub(T0 + off);
+            let end = (w + 1) * w_ms - T0 + off;
             prev_start >= seen && end <= ep.heal
         })
         .collect()

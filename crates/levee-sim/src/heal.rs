@@ -20,7 +20,7 @@
 use levee_core::KeyCrdt;
 
 use crate::levee::dominates;
-use crate::plan::{Episode, EpisodeKind, RunPlan, T0, WINDOW_MS};
+use crate::plan::{Episode, EpisodeKind, RunPlan, T0};
 
 /// Agreement after one heal.
 #[derive(Debug, Clone, Copy)]
@@ -90,7 +90,7 @@ pub struct HealWatch {
 impl HealWatch {
     /// Starts watching at `ep`'s heal.
     pub fn new(plan: &RunPlan, ep: &Episode) -> HealWatch {
-        let window = (T0 + ep.heal) / WINDOW_MS;
+        let window = plan.window_of(T0 + ep.heal);
         HealWatch {
             fig: HealFigure::new(plan, ep),
             lo: window - 1,

@@ -58,6 +58,9 @@ pub struct WindowBook {
     /// that the sending region had admitted and that some live node of the receiving region
     /// had not merged: what was in flight when the partition began. Tokens, summed over cuts.
     pub in_flight_at_cuts: u64,
+    /// Strict mode: checks denied while the window's true tallies had room for them (by a
+    /// node that was not recovering), and the longest `retry_after_ms` they carried.
+    pub retry_with_room: (u64, u64),
     /// The window's last admission (optimistic mode).
     pub last: Option<LastAdmission>,
     /// The last admission at each region (optimistic mode).

@@ -29,6 +29,7 @@
 
 pub mod baselines;
 pub mod checks;
+pub mod demand;
 pub mod experiment;
 pub mod heal;
 pub mod ledger;

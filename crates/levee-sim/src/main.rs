@@ -31,9 +31,14 @@ struct Cli {
     #[arg(long)]
     seed: Option<u64>,
     /// The scenario: steady, skewed, hot-region, bursts, many-keys, region-isolated,
-    /// full-split, one-way, flapping, crashes.
+    /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
+    /// back-to-back, light-keys (the demand set).
     #[arg(long)]
     scenario: Option<String>,
+    /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults) or
+    /// demand (long windows, low rates, moving demand).
+    #[arg(long, default_value = "classic")]
+    set: String,
     /// Print the accuracy table (markdown) of figure 8.
     #[arg(long)]
     table: bool,
@@ -68,12 +73,25 @@ fn main() -> ExitCode {
             eprintln!(
                 "unknown scenario {:?}; one of: {}",
                 cli.scenario.unwrap_or_default(),
-                Scenario::ALL.map(Scenario::name).join(", ")
+                Scenario::ALL
+                    .into_iter()
+                    .chain(Scenario::DEMAND)
+                    .map(Scenario::name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             return ExitCode::from(2);
         }
         Some(Some(s)) => Some(s),
         None => None,
+    };
+    let set: &'static [Scenario] = match cli.set.as_str() {
+        "classic" => &Scenario::ALL,
+        "demand" => &Scenario::DEMAND,
+        other => {
+            eprintln!("unknown --set {other:?}; one of: classic, demand");
+            return ExitCode::from(2);
+        }
     };
     let threads = cli.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -110,7 +128,7 @@ fn main() -> ExitCode {
         return replay(&table::table_plan(case, cli.rtt, cli.seed.unwrap_or(0)));
     }
     if let Some(seed) = cli.seed {
-        let scenario = scenario.unwrap_or(Scenario::for_seed(seed));
+        let scenario = scenario.unwrap_or(Scenario::for_seed_in(set, seed));
         return replay(&scenario.plan(seed));
     }
     let seeds = cli.seeds.unwrap_or(100);
@@ -118,6 +136,7 @@ fn main() -> ExitCode {
         first_seed: cli.first_seed,
         seeds,
         scenario,
+        set,
         threads,
         progress: true,
     };
@@ -128,7 +147,14 @@ fn main() -> ExitCode {
         "levee-sim: seeds {}..{} ({}), {} threads, {:.1} s",
         batch.first_seed,
         batch.first_seed + seeds,
-        scenario.map_or("every scenario", Scenario::name),
+        scenario.map_or(
+            if cli.set == "demand" {
+                "every demand scenario"
+            } else {
+                "every scenario"
+            },
+            Scenario::name
+        ),
         threads,
         started.elapsed().as_secs_f64()
     );

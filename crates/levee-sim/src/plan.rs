@@ -4,8 +4,8 @@
 //! the accuracy table), and every policy of a run is driven by the same plan: the same
 //! requests at the same times, the same cuts and crashes.
 
+use levee_core::hash::fnv1a;
 use levee_core::{ReplicaSet, ReplicaSpec};
-use levee_testkit::hash::fnv1a;
 
 use crate::scenario::Scenario;
 
@@ -13,8 +13,14 @@ use crate::scenario::Scenario;
 /// Aligned to every window, and far from zero so that negative offsets stay valid.
 pub const T0: u64 = 1_800_000_000_000;
 
-/// The window of the rule every run enforces (`fixed_window`, 1 s, aligned to the epoch).
+/// The window of the rule the classic scenarios enforce (`fixed_window`, 1 s, aligned to the
+/// epoch), and the unit of every demand rate ("per window" in [`crate::workload`] means per
+/// second, whatever the plan's own window).
 pub const WINDOW_MS: u64 = 1_000;
+
+/// A window longer than this is a *long* window: a run lies inside one or a few of them, and
+/// utilisation counts every window from the first (see [`RunPlan::first_counted_window`]).
+pub const SHORT_WINDOW_MS: u64 = 1_000;
 
 /// The rule's name.
 pub const RULE: &str = "r";
@@ -229,6 +235,8 @@ pub struct RunPlan {
     pub protocol: ProtocolParams,
     /// The rule's limit per window.
     pub limit: u64,
+    /// The rule's window, ms (`fixed_window`; [`WINDOW_MS`] in the classic scenarios).
+    pub window_ms: u64,
     /// How long the run lasts, ms.
     pub duration_ms: u64,
     /// Every node's clock offset at the start, ms.
@@ -285,14 +293,28 @@ impl RunPlan {
         (fnv1a(self.keys[key as usize].as_bytes()) % self.topology.regions() as u64) as usize
     }
 
-    /// The first window (relative to T0) whose utilisation counts: the third, so that start
-    /// up (sync, first forecasts) is left out, as the design's figure says.
-    pub fn first_counted_window(&self) -> u64 {
-        T0 / WINDOW_MS + 2
+    /// The window a clock reading `t` (Unix ms) is in.
+    pub fn window_of(&self, t: u64) -> u64 {
+        t / self.window_ms
     }
 
-    /// The last window that lies wholly inside the run.
+    /// Whether the rule's window is long (the run lies in one or a few windows).
+    pub fn long_window(&self) -> bool {
+        self.window_ms > SHORT_WINDOW_MS
+    }
+
+    /// The first window whose utilisation counts: the third, so that start up (sync, first
+    /// forecasts) is left out, as the design's figure says; with a long window, the first
+    /// (a day's quota is used from its first request, and start up is part of it).
+    pub fn first_counted_window(&self) -> u64 {
+        let first = T0 / self.window_ms;
+        if self.long_window() { first } else { first + 2 }
+    }
+
+    /// The last window that counts: the last wholly inside the run; with a long window, the
+    /// one the run ends in (its demand is all the run has).
     pub fn last_full_window(&self) -> u64 {
-        (T0 + self.duration_ms) / WINDOW_MS - 1
+        let end = (T0 + self.duration_ms) / self.window_ms;
+        if self.long_window() { end } else { end - 1 }
     }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::checks::Policy;
 use crate::outcome::RunOutcome;
-use crate::plan::{FaultKind, RunPlan, T0, WINDOW_MS};
+use crate::plan::{FaultKind, RunPlan, T0};
 
 /// The plan, every policy's windows for the keys that matter, heals and violations.
 pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
@@ -19,7 +19,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
         t.nodes_per_region,
         t.weights,
         plan.limit,
-        WINDOW_MS,
+        plan.window_ms,
         plan.duration_ms,
         plan.requests.len()
     );
@@ -109,7 +109,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                 let _ = writeln!(
                     s,
                     "  {:>3} | {:?} | {:?} | {} | {:.3}{}",
-                    w as i64 - (T0 / WINDOW_MS) as i64,
+                    w as i64 - (T0 / plan.window_ms) as i64,
                     &b.demand[..r],
                     &b.admitted[..r],
                     b.admitted_total(),
@@ -142,7 +142,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                         )
                     })
                     .collect();
-                let rel = w as i64 - (T0 / WINDOW_MS) as i64;
+                let rel = w as i64 - (T0 / plan.window_ms) as i64;
                 let _ = writeln!(s, "  {rel:>3} | {}", cells.join(" "));
             }
         }

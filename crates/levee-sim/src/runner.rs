@@ -17,8 +17,11 @@ pub struct Batch {
     pub first_seed: u64,
     /// How many seeds.
     pub seeds: u64,
-    /// Run only this scenario (else seeds cycle through all).
+    /// Run only this scenario (else seeds cycle through `set`).
     pub scenario: Option<Scenario>,
+    /// The scenarios seeds cycle through: [`Scenario::ALL`] (the classic set) or
+    /// [`Scenario::DEMAND`].
+    pub set: &'static [Scenario],
     /// Worker threads.
     pub threads: usize,
     /// Print a progress line on stderr.
@@ -44,7 +47,9 @@ pub fn run_batch(batch: &Batch) -> Summary {
                             break;
                         }
                         let seed = batch.first_seed + i;
-                        let scenario = batch.scenario.unwrap_or(Scenario::for_seed(seed));
+                        let scenario = batch
+                            .scenario
+                            .unwrap_or(Scenario::for_seed_in(batch.set, seed));
                         let plan = scenario.plan(seed);
                         let outcome = run_plan(&plan, &Policy::ALL);
                         if !outcome.violations.is_empty() {

@@ -8,8 +8,10 @@
 
 use levee_testkit::rng::SeededRng;
 
+use crate::demand;
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, Request, RunPlan, Topology,
+    WINDOW_MS,
 };
 use crate::workload::{self, Demand};
 
@@ -36,6 +38,18 @@ pub enum Scenario {
     Flapping,
     /// Nodes (sometimes a whole region) crash, lose their state, and restart.
     Crashes,
+    /// Low-rate sporadic keys (a few requests a minute per region) on an hour's or a day's
+    /// window ([`crate::demand::sporadic`]).
+    Sporadic,
+    /// The busy region moves region by region on a long window
+    /// ([`crate::demand::follow_the_sun`]).
+    FollowTheSun,
+    /// Checks back to back, region by region, on a day's window
+    /// ([`crate::demand::back_to_back`]).
+    BackToBack,
+    /// Hundreds of lightly used keys beside a few hot ones, on a minute's window
+    /// ([`crate::demand::light_keys`]).
+    LightKeys,
 }
 
 impl Scenario {
@@ -53,6 +67,15 @@ impl Scenario {
         Scenario::Crashes,
     ];
 
+    /// The scenarios of demand as it really comes (long windows, low rates, moving demand):
+    /// run with `--set demand`, so that the classic cycle's seeds keep their figures.
+    pub const DEMAND: [Scenario; 4] = [
+        Scenario::Sporadic,
+        Scenario::FollowTheSun,
+        Scenario::BackToBack,
+        Scenario::LightKeys,
+    ];
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -66,17 +89,29 @@ impl Scenario {
             Scenario::OneWay => "one-way",
             Scenario::Flapping => "flapping",
             Scenario::Crashes => "crashes",
+            Scenario::Sporadic => "sporadic",
+            Scenario::FollowTheSun => "follow-the-sun",
+            Scenario::BackToBack => "back-to-back",
+            Scenario::LightKeys => "light-keys",
         }
     }
 
     /// The scenario with this command-line name.
     pub fn from_name(name: &str) -> Option<Scenario> {
-        Scenario::ALL.into_iter().find(|s| s.name() == name)
+        Scenario::ALL
+            .into_iter()
+            .chain(Scenario::DEMAND)
+            .find(|s| s.name() == name)
     }
 
     /// The scenario seed `seed` runs when none is named: seeds cycle through all of them.
     pub fn for_seed(seed: u64) -> Scenario {
-        Scenario::ALL[(seed % Scenario::ALL.len() as u64) as usize]
+        Scenario::for_seed_in(&Scenario::ALL, seed)
+    }
+
+    /// The scenario seed `seed` runs in a set of scenarios: seeds cycle through it.
+    pub fn for_seed_in(set: &[Scenario], seed: u64) -> Scenario {
+        set[(seed % set.len() as u64) as usize]
     }
 
     /// Whether the scenario cuts links.
@@ -92,7 +127,10 @@ impl Scenario {
         let mut rng = SeededRng::stream(seed, "plan");
         let regions = match self {
             Scenario::RegionIsolated => rng.range(3, 4) as usize,
-            Scenario::Skewed | Scenario::HotRegion => 3,
+            Scenario::Skewed
+            | Scenario::HotRegion
+            | Scenario::FollowTheSun
+            | Scenario::BackToBack => 3,
             _ => rng.range(2, 4) as usize,
         };
         let topology = random_topology(&mut rng, regions);
@@ -102,6 +140,31 @@ impl Scenario {
         let offsets = (0..topology.nodes())
             .map(|_| rng.range_i64(-half, half))
             .collect();
+        if Scenario::DEMAND.contains(&self) {
+            let mut demand_rng = SeededRng::stream(seed, "demand");
+            let d = match self {
+                Scenario::Sporadic => demand::sporadic(&mut demand_rng, regions),
+                Scenario::FollowTheSun => demand::follow_the_sun(&mut demand_rng, regions),
+                Scenario::BackToBack => demand::back_to_back(&mut demand_rng, regions),
+                _ => demand::light_keys(&mut demand_rng, regions),
+            };
+            return RunPlan {
+                seed,
+                scenario: self,
+                topology,
+                net,
+                protocol,
+                limit: d.limit,
+                window_ms: d.window_ms,
+                duration_ms: d.duration_ms,
+                offsets,
+                faults: Vec::new(),
+                episodes: Vec::new(),
+                keys: d.keys,
+                probe: None,
+                requests: d.requests,
+            };
+        }
         let limit = match self {
             Scenario::ManyKeys => rng.range(50, 150),
             _ => rng.range(100, 400),
@@ -273,6 +336,7 @@ impl Scenario {
             net,
             protocol,
             limit,
+            window_ms: WINDOW_MS,
             duration_ms,
             offsets,
             faults,
@@ -400,7 +464,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in Scenario::ALL {
+        for s in Scenario::ALL.into_iter().chain(Scenario::DEMAND) {
             assert_eq!(Scenario::from_name(s.name()), Some(s));
         }
     }

@@ -194,16 +194,17 @@ impl Summary {
                 }
                 keep_max(&mut stats.worst, witness(r));
             }
-            if quiet && let Some(c) = central {
-                if let Some((u, min_w)) = utilisation(plan, run, c) {
-                    stats.utilisation.add(u);
-                    stats
-                        .utilisation_by_scenario
-                        .entry(plan.scenario)
-                        .or_default()
-                        .add(u);
-                    keep_min(&mut stats.worst_window, witness(min_w));
-                }
+            if quiet
+                && let Some(c) = central
+                && let Some((u, min_w)) = utilisation(plan, run, c)
+            {
+                stats.utilisation.add(u);
+                stats
+                    .utilisation_by_scenario
+                    .entry(plan.scenario)
+                    .or_default()
+                    .add(u);
+                keep_min(&mut stats.worst_window, witness(min_w));
             }
             stats.heals.extend(run.heals.iter().copied());
             if run.policy == Policy::Strict {
@@ -341,6 +342,7 @@ impl Summary {
         );
         let scenarios: Vec<Scenario> = Scenario::ALL
             .into_iter()
+            .chain(Scenario::DEMAND)
             .filter(|sc| {
                 self.policies
                     .values()

@@ -121,6 +121,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         },
         protocol: ProtocolParams::default(),
         limit: LIMIT,
+        window_ms: WINDOW_MS,
         duration_ms,
         offsets,
         faults,

@@ -1,15 +1,12 @@
-//! FNV-1a, 64 bits: the stable hash of a byte string (key names, stream names, scenario
-//! names). Stable across platforms, builds and versions, unlike a derived `Hash`.
+//! FNV-1a, 64 bits, private: it names the RNG streams ([`crate::SeededRng::stream`]). Keys,
+//! rings and scenario names are hashed with `levee_core::hash::fnv1a`, production's one
+//! stable hash; this crate depends on no Levee crate, so it keeps these few lines.
 
 const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// FNV-1a (64-bit) of `bytes`.
-///
-/// The same function as `levee_core::hash::fnv1a`; this copy is to become a re-export of it
-/// once that lands (levee-testkit must not depend on levee-core for now: see the crate's
-/// manifest).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .fold(OFFSET_BASIS, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))

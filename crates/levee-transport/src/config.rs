@@ -15,7 +15,89 @@ pub struct PeerAddr {
     /// The peer's node id: the DNS name its certificate must carry.
     pub id: String,
     /// The address to dial (the peer itself, or a proxy in front of it).
-    pub addr: SocketAddr,
+    pub addr: DialAddr,
+}
+
+/// The address a peer is dialled at: an IP address and port, or a DNS name and port resolved
+/// again at every dial, so that a peer that moves (a Kubernetes pod rescheduled with a new
+/// IP) keeps its id and is found at its new address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DialAddr {
+    /// An IP address and port.
+    Ip(SocketAddr),
+    /// A DNS name and port.
+    Name {
+        /// The name (letters, digits, `.`, `-`, `_`).
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl DialAddr {
+    /// `ip:port`, `[ipv6]:port` or `name:port` (a port from 1); an error says what is wrong.
+    pub fn parse(s: &str) -> Result<DialAddr, String> {
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Ok(DialAddr::Ip(a));
+        }
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?} is not host:port"))?;
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| format!("{s:?}: the port must be a number from 1 to 65535"))?;
+        let name_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_');
+        if !name_ok {
+            return Err(format!(
+                "{s:?}: the host must be an IP address or a DNS name (letters, digits, '.', '-', '_')"
+            ));
+        }
+        Ok(DialAddr::Name {
+            host: host.to_owned(),
+            port,
+        })
+    }
+
+    /// The address to dial now: the IP itself, or the name resolved now, preferring an
+    /// address of the family the endpoint is bound to (`ipv6`).
+    pub async fn resolve(&self, ipv6: bool) -> Result<SocketAddr, String> {
+        match self {
+            DialAddr::Ip(a) => Ok(*a),
+            DialAddr::Name { host, port } => {
+                let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), *port))
+                    .await
+                    .map_err(|e| format!("cannot resolve {host}: {e}"))?
+                    .collect();
+                found
+                    .iter()
+                    .find(|a| a.is_ipv6() == ipv6)
+                    .or_else(|| found.first())
+                    .copied()
+                    .ok_or_else(|| format!("{host} resolves to no address"))
+            }
+        }
+    }
+}
+
+impl From<SocketAddr> for DialAddr {
+    fn from(a: SocketAddr) -> DialAddr {
+        DialAddr::Ip(a)
+    }
+}
+
+impl std::fmt::Display for DialAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialAddr::Ip(a) => write!(f, "{a}"),
+            DialAddr::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
 }
 
 /// Everything [`Transport::start`](crate::Transport::start) needs.

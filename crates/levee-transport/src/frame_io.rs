@@ -2,13 +2,14 @@
 //! decoded.
 //!
 //! A frame is read in three steps: its [`HEADER_BYTES`]-byte header, checked with
-//! [`FrameHeader::parse`] (a frame of another version or over [`levee_proto::MAX_FRAME_BYTES`]
-//! is refused before one byte of its payload is read); exactly `len` payload bytes, buffered
-//! only as they arrive and within the connection's payload budget; then [`decode_payload`].
+//! [`FrameHeader::parse`] (a frame of a version it does not decode or over
+//! [`levee_proto::MAX_FRAME_BYTES`] is refused before one byte of its payload is read); exactly
+//! `len` payload bytes, buffered only as they arrive and within the connection's payload
+//! budget; then [`decode_payload_of`] with the header's version.
 
 use std::time::Duration;
 
-use levee_proto::{DecodeError, FrameHeader, HEADER_BYTES, Message, decode_payload};
+use levee_proto::{DecodeError, FrameHeader, HEADER_BYTES, Message, decode_payload_of};
 use quinn::{ReadExactError, RecvStream, SendStream, VarInt};
 use tokio::sync::Semaphore;
 
@@ -78,7 +79,7 @@ pub(crate) async fn read_frame(
         }
         Err(ReadExactError::ReadError(e)) => return Err(FrameError::Stream(e.to_string())),
     }
-    let FrameHeader { len } = FrameHeader::parse(&header).map_err(FrameError::Refused)?;
+    let FrameHeader { len, version } = FrameHeader::parse(&header).map_err(FrameError::Refused)?;
 
     // `len` is at most MAX_FRAME_BYTES (4 MiB), which fits in u32 and in the budget.
     let _share = budget
@@ -88,7 +89,7 @@ pub(crate) async fn read_frame(
     let payload = tokio::time::timeout(PAYLOAD_READ_TIMEOUT, read_payload(recv, len))
         .await
         .map_err(|_| FrameError::Stalled)??;
-    let msg = decode_payload(&payload).map_err(FrameError::Refused)?;
+    let msg = decode_payload_of(version, &payload).map_err(FrameError::Refused)?;
     Ok(Some((msg, HEADER_BYTES + len)))
 }
 

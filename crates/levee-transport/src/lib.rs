@@ -81,7 +81,7 @@ mod quic;
 mod shared;
 pub mod tls;
 
-pub use config::{DialTiming, PeerAddr, TransportConfig};
+pub use config::{DialAddr, DialTiming, PeerAddr, TransportConfig};
 pub use error::TransportError;
 pub use memory::{DEFAULT_INBOX_CAPACITY, MemoryNetwork, MemoryTransport};
 pub use peer_transport::{Inbound, PeerTransport, ShutdownFuture};

@@ -20,7 +20,6 @@
 //! held across it). What waits is visible: `levee_transport_queue_frames{peer}` and
 //! `levee_transport_queue_bytes{peer}`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -30,7 +29,7 @@ use tokio::sync::{Mutex, Notify, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::config::DialTiming;
+use crate::config::{DialAddr, DialTiming};
 use crate::connection::{PeerConn, connect, refuse};
 use crate::error::TransportError;
 use crate::frame_io::{FrameError, read_frame, write_frame};
@@ -54,7 +53,7 @@ const REDIAL_MIN_AGE: Duration = Duration::from_millis(100);
 /// The way to one peer.
 pub(crate) struct PeerLink {
     id: String,
-    addr: SocketAddr,
+    addr: DialAddr,
     queue: mpsc::Sender<Vec<u8>>,
     /// Bytes of the frames in `queue`.
     queued_bytes: AtomicUsize,
@@ -82,7 +81,7 @@ impl PeerLink {
     pub(crate) fn start(
         shared: Arc<Shared>,
         id: String,
-        addr: SocketAddr,
+        addr: DialAddr,
         timing: DialTiming,
     ) -> Arc<PeerLink> {
         let (queue, frames) = mpsc::channel(SEND_QUEUE_FRAMES);
@@ -266,7 +265,14 @@ impl PeerLink {
             return Err(TransportError::ShutDown);
         }
         let timeout = self.timing.connect_timeout;
-        let dial = || tokio::time::timeout(timeout, connect(&self.shared, &self.id, self.addr));
+        let ipv6 = self.shared.endpoint.local_addr().is_ok_and(|a| a.is_ipv6());
+        // A name is resolved again at every dial: a peer that moved is found at its new address.
+        let dial = || {
+            tokio::time::timeout(timeout, async {
+                let addr = self.addr.resolve(ipv6).await?;
+                connect(&self.shared, &self.id, addr).await
+            })
+        };
         let pending = dial();
         tokio::pin!(pending);
         let mut started = Instant::now();

@@ -106,7 +106,7 @@ impl Transport {
                     peer.id
                 )));
             }
-            let link = PeerLink::start(shared.clone(), peer.id.clone(), peer.addr, timing);
+            let link = PeerLink::start(shared.clone(), peer.id.clone(), peer.addr.clone(), timing);
             links.insert(peer.id, link);
         }
         let listeners = links

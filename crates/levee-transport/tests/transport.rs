@@ -15,7 +15,7 @@ use levee_proto::{
 };
 use levee_transport::certs::{init_ca, issue};
 use levee_transport::{
-    DialTiming, Inbound, PeerAddr, TlsFiles, Transport, TransportConfig, TransportError,
+    DialAddr, DialTiming, Inbound, PeerAddr, TlsFiles, Transport, TransportConfig, TransportError,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::mpsc::Receiver;
@@ -68,7 +68,7 @@ async fn start(
 fn peer(id: &str, transport: &Transport) -> PeerAddr {
     PeerAddr {
         id: id.to_owned(),
-        addr: transport.local_addr(),
+        addr: transport.local_addr().into(),
     }
 }
 
@@ -247,6 +247,67 @@ async fn deltas_are_sent_and_requests_answered_over_mutual_tls() {
     })
     .await
     .expect("test finished in time");
+}
+
+/// A peer given by DNS name (`localhost:<port>`) is dialled at what the name resolves to.
+#[tokio::test]
+async fn a_peer_given_by_name_is_resolved_and_dialled() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        let (b, mut b_rx) = start("b", TlsFiles::in_dir(dir.path(), "b"), DIGEST, vec![]).await;
+        let by_name = DialAddr::parse(&format!("localhost:{}", b.local_addr().port())).unwrap();
+        assert!(matches!(by_name, DialAddr::Name { .. }), "{by_name:?}");
+        let (a, _a_rx) = start(
+            "a",
+            TlsFiles::in_dir(dir.path(), "a"),
+            DIGEST,
+            vec![PeerAddr {
+                id: "b".into(),
+                addr: by_name,
+            }],
+        )
+        .await;
+        a.send("b", &deltas());
+        let got = next_data(&mut b_rx).await;
+        assert_eq!(got.peer, "a");
+        assert_eq!(got.msg, deltas());
+    })
+    .await
+    .expect("within the test bound");
+}
+
+#[test]
+fn dial_addresses_parse_as_ip_or_name_and_refuse_the_rest() {
+    assert_eq!(
+        DialAddr::parse("10.0.0.2:8751"),
+        Ok(DialAddr::Ip("10.0.0.2:8751".parse().unwrap()))
+    );
+    assert_eq!(
+        DialAddr::parse("[::1]:8751"),
+        Ok(DialAddr::Ip("[::1]:8751".parse().unwrap()))
+    );
+    assert_eq!(
+        DialAddr::parse("levee-eu-0.levee-eu.levee.svc:8751"),
+        Ok(DialAddr::Name {
+            host: "levee-eu-0.levee-eu.levee.svc".into(),
+            port: 8751
+        })
+    );
+    assert_eq!(
+        DialAddr::parse("levee-eu-0:8751").unwrap().to_string(),
+        "levee-eu-0:8751"
+    );
+    for bad in [
+        "levee-eu-0",
+        "levee-eu-0:0",
+        "levee-eu-0:99999",
+        ":8751",
+        "http://x:1",
+        "a b:1",
+    ] {
+        assert!(DialAddr::parse(bad).is_err(), "{bad} was accepted");
+    }
 }
 
 #[tokio::test]
@@ -603,7 +664,7 @@ async fn a_link_backing_off_redials_as_soon_as_its_peer_connects_to_it() {
                 DIGEST,
                 vec![PeerAddr {
                     id: "b".into(),
-                    addr: b_bind,
+                    addr: b_bind.into(),
                 }],
             ),
             DialTiming {

@@ -57,6 +57,14 @@ pub(crate) struct BenchArgs {
     /// The header that carries the key for `--endpoint authz`.
     #[arg(long, default_value = "x-api-key")]
     key_header: String,
+    /// Only keys the node owns in its region (what a client routing to owners sends it, so
+    /// the node forwards nothing): the first `--keys` of `k0`, `k1`, … that the ring in the
+    /// node's `GET /v1/cluster` places on the node itself.
+    #[arg(long)]
+    owned_only: bool,
+    /// The key numbers drawn from, when `--owned-only` (filled before the run).
+    #[arg(skip)]
+    owned: Option<Arc<Vec<u64>>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,6 +96,17 @@ struct Counters {
 
 /// Runs the generator and prints a summary; exit 1 if nothing succeeded.
 pub(crate) fn run(args: &BenchArgs) -> std::process::ExitCode {
+    let mut args = args.clone();
+    if args.owned_only {
+        match owned_keys(&args) {
+            Ok(keys) => args.owned = Some(Arc::new(keys)),
+            Err(e) => {
+                eprintln!("error: --owned-only: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    let args = &args;
     let phases = match phases(args) {
         Ok(p) => p,
         Err(e) => {
@@ -143,6 +162,53 @@ fn phases(args: &BenchArgs) -> Result<Vec<(u64, Duration)>, String> {
             Ok((r, Duration::from_secs_f64(d)))
         })
         .collect()
+}
+
+/// The numbers of the first `args.keys` keys `k<n>` the node at `args.url` owns, placed on
+/// the ring its `GET /v1/cluster` shows (as the node and levee-client place them: nothing is
+/// asked per key, so the node's CPU is not spent on it).
+fn owned_keys(args: &BenchArgs) -> Result<Vec<u64>, String> {
+    let url = format!("{}/v1/cluster", args.url.trim_end_matches('/'));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut resp = agent
+        .get(&url)
+        .call()
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("{url}: {e}"))?;
+    if status != 200 {
+        return Err(format!("{url} answered {status}: {text}"));
+    }
+    let me = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["node"]["id"].as_str().map(str::to_owned))
+        .ok_or_else(|| format!("{url}: no node id in the answer"))?;
+    let ring =
+        levee_client::RegionRing::from_cluster_json(&text).map_err(|e| format!("{url}: {e}"))?;
+    let want = args.keys.max(1);
+    let owned: Vec<u64> = (0..want.saturating_mul(1024))
+        .filter(|n| ring.owner(&format!("k{n}")) == Some(me.as_str()))
+        .take(want as usize)
+        .collect();
+    if (owned.len() as u64) < want {
+        return Err(format!(
+            "{me} owns only {} keys of k0..k{}",
+            owned.len(),
+            want * 1024
+        ));
+    }
+    eprintln!(
+        "--owned-only: the first {want} keys {me} owns (of k0..k{})",
+        owned.last().copied().unwrap_or(0)
+    );
+    Ok(owned)
 }
 
 /// The host:port and path prefix of the URL.
@@ -333,6 +399,14 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 fn next_key(args: &BenchArgs, rng: &mut u64) -> u64 {
+    let i = next_index(args, rng);
+    match &args.owned {
+        Some(owned) => owned[(i as usize).min(owned.len() - 1)],
+        None => i,
+    }
+}
+
+fn next_index(args: &BenchArgs, rng: &mut u64) -> u64 {
     *rng ^= *rng << 13;
     *rng ^= *rng >> 7;
     *rng ^= *rng << 17;

@@ -1,33 +1,53 @@
 //! `levee cluster`: a local multi-region cluster of real `levee serve` processes.
+//!
+//! Everything that can be checked is checked before anything is written or started: the
+//! region names (no duplicates), the port range, and that every port the nodes will listen on
+//! (HTTP over TCP, QUIC over UDP) is free. The children are then started, and the cluster is
+//! announced once every node answers `/readyz`. Should a node exit (at the start, or later:
+//! killed, crashed), the cluster says which, prints the tail of its log while the log still
+//! exists, stops the others and exits 1. Children are only ever signalled through their own
+//! `Child` handles, and only while they have not been reaped, so a signal can never reach a
+//! process that is not one of them.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::Duration;
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use levee_core::Consistency;
-use levee_node::local_cluster::LocalCluster;
+use levee_node::local_cluster::{LocalCluster, LocalNode};
+
+/// How long the nodes may take to answer `/readyz` with 200.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a node may take to exit after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Log lines printed of a node that failed.
+const TAIL_LINES: usize = 20;
 
 /// Arguments of `levee cluster`.
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
-    /// Regions, comma-separated.
+    /// Regions, comma-separated, each named once (letters, digits, `-`, `_`).
     #[arg(long, default_value = "eu,us,ap", value_delimiter = ',')]
     regions: Vec<String>,
     /// Nodes in every region.
     #[arg(long, default_value_t = 2)]
     nodes_per_region: usize,
-    /// A file whose `[[rule]]` tables every node runs (default: the embedded example rules).
+    /// A file whose `[[rule]]` and `[[notify]]` tables every node runs (default: the embedded
+    /// example rules); its `[node]`, `[api]` and `[cluster]` are not used.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Node k listens for HTTP on base-port + 2k and for QUIC on base-port + 2k + 1.
+    /// Node k listens for HTTP on base-port + 2k and for QUIC (UDP) on base-port + 2k + 1.
     #[arg(long, default_value_t = 8750)]
     base_port: u16,
     /// Strict (escrow) or optimistic (shared counter).
     #[arg(long, value_enum, default_value_t = Mode::Strict)]
     mode: Mode,
-    /// Where certificates, configurations and data go (default: a temporary directory,
-    /// removed on exit).
+    /// Where certificates, configurations, data and logs go. Kept on exit, so every node can
+    /// be run (and restarted) by hand with `levee serve --config DIR/<node>.toml` (default: a
+    /// temporary directory, removed on exit).
     #[arg(long)]
     dir: Option<PathBuf>,
 }
@@ -38,72 +58,207 @@ enum Mode {
     Optimistic,
 }
 
-struct Children(Vec<(String, Child)>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for (_, c) in &self.0 {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(c.id().to_string())
-                .status();
-        }
-        for (_, c) in &mut self.0 {
-            for _ in 0..100 {
-                if matches!(c.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// Why `levee cluster` stopped early.
+enum Failure {
+    /// Bad arguments (exit 2, as clap's own errors).
+    Usage(String),
+    /// Anything else (exit 1).
+    Run(String),
 }
 
 pub(crate) fn run(args: &ClusterArgs) -> ExitCode {
     match start(args) {
         Ok(code) => code,
-        Err(e) => {
+        Err(Failure::Usage(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(e)) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn start(args: &ClusterArgs) -> Result<ExitCode, String> {
-    if args.regions.is_empty() || args.regions.iter().any(|r| r.is_empty()) {
-        return Err("--regions: give at least one region name, e.g. --regions eu,us,ap".into());
+/// One running node.
+struct Member {
+    node: LocalNode,
+    log: PathBuf,
+    child: Child,
+    /// Set once the child has been reaped: it is never signalled again.
+    exited: Option<ExitStatus>,
+}
+
+impl Member {
+    /// Whether the child has exited (reaping it if so).
+    fn poll_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none()
+            && let Ok(Some(status)) = self.child.try_wait()
+        {
+            self.exited = Some(status);
+        }
+        self.exited
     }
+
+    /// SIGTERM, unless the child has already exited. The child is not reaped until
+    /// [`Member::poll_exit`] sees it gone, so its pid cannot belong to another process.
+    fn terminate(&mut self) {
+        if self.poll_exit().is_some() {
+            return;
+        }
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
+    }
+
+    /// SIGKILL, unless the child has already exited; then waits for it.
+    fn kill(&mut self) {
+        if self.poll_exit().is_none() {
+            let _ = self.child.kill();
+            if let Ok(status) = self.child.wait() {
+                self.exited = Some(status);
+            }
+        }
+    }
+}
+
+/// The running nodes; dropping them stops every one still running.
+struct Members(Vec<Member>);
+
+impl Members {
+    /// SIGTERM to every node still running, SIGKILL after [`STOP_TIMEOUT`]; returns the nodes
+    /// that exited with a failure, with their status.
+    fn stop(&mut self) -> Vec<(String, ExitStatus)> {
+        for m in &mut self.0 {
+            m.terminate();
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline && self.0.iter_mut().any(|m| m.poll_exit().is_none()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for m in &mut self.0 {
+            m.kill();
+        }
+        self.0
+            .iter()
+            .filter_map(|m| {
+                let s = m.exited?;
+                (!s.success()).then(|| (m.node.id.clone(), s))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `n` lines of a log file (or why it cannot be read).
+fn tail(path: &Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(n);
+            if lines.is_empty() {
+                "    (the log is empty)".to_owned()
+            } else {
+                lines[from..]
+                    .iter()
+                    .map(|l| format!("    {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        }
+        Err(e) => format!("    (cannot read {}: {e})", path.display()),
+    }
+}
+
+/// The regions, checked: at least one, each a plain name, none twice.
+fn check_regions(regions: &[String]) -> Result<(), Failure> {
+    if regions.is_empty() {
+        return Err(Failure::Usage(
+            "--regions: give at least one region name, e.g. --regions eu,us,ap".into(),
+        ));
+    }
+    let mut seen = HashSet::new();
+    for r in regions {
+        if r.is_empty() {
+            return Err(Failure::Usage(
+                "--regions: an empty region name; give names separated by commas, e.g. --regions eu,us,ap".into(),
+            ));
+        }
+        if !r
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(Failure::Usage(format!(
+                "--regions: {r:?} is not a region name (letters, digits, `-` and `_` only)"
+            )));
+        }
+        if !seen.insert(r.as_str()) {
+            return Err(Failure::Usage(format!(
+                "--regions: {r:?} is given twice; every region is named once (use --nodes-per-region for more nodes in a region)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every port the nodes will listen on must fit below 65536 and be free now: HTTP on TCP,
+/// QUIC on UDP, both on 127.0.0.1.
+fn check_ports(args: &ClusterArgs, nodes: usize) -> Result<(), Failure> {
+    let last = u32::from(args.base_port) + 2 * nodes as u32 - 1;
+    if args.base_port == 0 || last > u32::from(u16::MAX) {
+        return Err(Failure::Usage(format!(
+            "--base-port {}: {nodes} nodes need ports {}–{last} (two each: HTTP, QUIC), which must lie within 1–65535",
+            args.base_port, args.base_port
+        )));
+    }
+    Ok(())
+}
+
+/// Fails naming the first port of `nodes` that another process holds.
+fn check_free(nodes: &[LocalNode]) -> Result<(), Failure> {
+    for n in nodes {
+        if let Err(e) = TcpListener::bind(n.http) {
+            return Err(Failure::Run(taken(n.http, "HTTP (TCP)", &n.id, &e)));
+        }
+        if let Err(e) = UdpSocket::bind(n.gossip) {
+            return Err(Failure::Run(taken(n.gossip, "QUIC (UDP)", &n.id, &e)));
+        }
+    }
+    Ok(())
+}
+
+fn taken(addr: SocketAddr, what: &str, id: &str, e: &std::io::Error) -> String {
+    format!(
+        "port {} ({what} of node {id}) is not available: {e}; is another levee (or anything else) listening on {addr}? \
+         Stop it, or choose other ports with --base-port",
+        addr.port()
+    )
+}
+
+fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
+    check_regions(&args.regions)?;
     if args.nodes_per_region == 0 || args.nodes_per_region > 16 {
-        return Err("--nodes-per-region: from 1 to 16".into());
+        return Err(Failure::Usage("--nodes-per-region: from 1 to 16".into()));
     }
-    let rules = match &args.config {
-        None => levee_node::Config::embedded()
-            .rules
-            .into_iter()
-            .map(|r| r.spec)
-            .collect(),
+    check_ports(args, args.regions.len() * args.nodes_per_region)?;
+    // The rules and threshold notices every node runs: the file's, or the embedded example's.
+    let config = match &args.config {
+        None => levee_node::Config::embedded(),
         Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure::Run(format!("{}: {e}", path.display())))?;
             levee_node::Config::parse(&text, &path.display().to_string())
-                .map_err(|e| e.to_string())?
-                .rules
-                .into_iter()
-                .map(|r| r.spec)
-                .collect()
+                .map_err(|e| Failure::Run(e.to_string()))?
         }
     };
-    let temp;
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            temp = tempfile::tempdir()
-                .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
-            temp.path().to_owned()
-        }
-    };
+    let rules = config.rules.into_iter().map(|r| r.spec).collect();
+    let notify = config.notify;
     let spec = LocalCluster {
         regions: args.regions.clone(),
         nodes_per_region: args.nodes_per_region,
@@ -113,73 +268,244 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, String> {
             Mode::Optimistic => Consistency::Optimistic,
         },
         rules,
+        notify,
         gossip_interval: "20ms".into(),
         suspect_after: "1s".into(),
     };
-    let nodes = spec.write(&dir, |_, _| None).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the levee binary: {e}"))?;
-    let mut children = Children(Vec::new());
-    for n in &nodes {
-        let log =
-            std::fs::File::create(dir.join(format!("{}.log", n.id))).map_err(|e| e.to_string())?;
+    let planned = spec
+        .nodes(Path::new("."))
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    check_free(&planned)?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::Run(format!("cannot find the levee binary: {e}")))?;
+    // Signals are handled from here on: SIGTERM or Ctrl-C while the nodes start stops them.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    let _guard = runtime.enter();
+    let mut signals = Signals::new().map_err(Failure::Run)?;
+
+    let temp;
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::Builder::new()
+                .prefix("levee-cluster-")
+                .tempdir()
+                .map_err(|e| Failure::Run(format!("cannot make a temporary directory: {e}")))?;
+            temp.path().to_owned()
+        }
+    };
+    let nodes = spec
+        .write(&dir, |_, _| None)
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    let mut members = Members(Vec::with_capacity(nodes.len()));
+    for n in nodes {
+        let log = dir.join(format!("{}.log", n.id));
+        let file = std::fs::File::create(&log)
+            .map_err(|e| Failure::Run(format!("{}: {e}", log.display())))?;
         let child = Command::new(&exe)
             .arg("serve")
             .arg("--config")
             .arg(&n.config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(file)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", n.id))?;
-        children.0.push((n.id.clone(), child));
+            .map_err(|e| Failure::Run(format!("cannot start {}: {e}", n.id)))?;
+        members.0.push(Member {
+            node: n,
+            log,
+            child,
+            exited: None,
+        });
     }
-    println!(
-        "levee cluster: {} regions × {} nodes, {} mode, files in {}\n",
+    let outcome = runtime.block_on(supervise(&mut members, &mut signals, &dir, args, &spec));
+    // The logs are read (a failed node's tail printed) before the directory goes.
+    let code = match outcome {
+        Stop::Signal(reason) => {
+            println!("stopping the cluster: {reason}");
+            let failed = members.stop();
+            for (id, status) in &failed {
+                let m = members.0.iter().find(|m| &m.node.id == id);
+                eprintln!(
+                    "error: node {id} exited with {status} while stopping; the last lines of its log:\n{}",
+                    m.map(|m| tail(&m.log, TAIL_LINES)).unwrap_or_default()
+                );
+            }
+            if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Stop::Failed(message) => {
+            eprintln!("error: {message}");
+            let _ = members.stop();
+            eprintln!("levee cluster: stopped every node");
+            ExitCode::FAILURE
+        }
+    };
+    if args.dir.is_some() {
+        println!(
+            "files kept in {}: run a node by hand with `levee serve --config {}/<node>.toml`",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(code)
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM, registered before any child starts.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let err = |e: std::io::Error| format!("cannot handle signals: {e}");
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+            term: signal(SignalKind::terminate()).map_err(err)?,
+        })
+    }
+
+    /// Waits for either signal; its name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "interrupted",
+            _ = self.term.recv() => "terminated",
+        }
+    }
+}
+
+/// Why supervision ended.
+enum Stop {
+    /// Ctrl-C or SIGTERM.
+    Signal(&'static str),
+    /// A node exited, or the cluster did not become ready: what to say.
+    Failed(String),
+}
+
+/// A node that exited: which, how, and the end of its log.
+fn died(m: &Member, status: ExitStatus, when: &str) -> String {
+    format!(
+        "node {} ({}) exited {when} ({status}); the last lines of {}:\n{}",
+        m.node.id,
+        m.node.http,
+        m.log.display(),
+        tail(&m.log, TAIL_LINES)
+    )
+}
+
+/// Waits for every node to be ready, announces the cluster, then watches the nodes until a
+/// signal or until one exits.
+async fn supervise(
+    members: &mut Members,
+    signals: &mut Signals,
+    dir: &Path,
+    args: &ClusterArgs,
+    spec: &LocalCluster,
+) -> Stop {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_millis(500)))
+        .build()
+        .into();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut ready = vec![false; members.0.len()];
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    while !ready.iter().all(|r| *r) {
+        tokio::select! {
+            reason = signals.recv() => return Stop::Signal(reason),
+            _ = tick.tick() => {}
+        }
+        for (m, ready) in members.0.iter_mut().zip(ready.iter_mut()) {
+            if let Some(status) = m.poll_exit() {
+                return Stop::Failed(died(m, status, "while starting"));
+            }
+            if !*ready {
+                let url = format!("http://{}/readyz", m.node.http);
+                *ready = agent
+                    .get(&url)
+                    .call()
+                    .is_ok_and(|r| r.status().as_u16() == 200);
+            }
+        }
+        if Instant::now() >= deadline {
+            let waiting: Vec<&str> = members
+                .0
+                .iter()
+                .zip(&ready)
+                .filter(|(_, r)| !**r)
+                .map(|(m, _)| m.node.id.as_str())
+                .collect();
+            let logs: Vec<String> = members
+                .0
+                .iter()
+                .zip(&ready)
+                .filter(|(_, r)| !**r)
+                .map(|(m, _)| format!("  {}:\n{}", m.log.display(), tail(&m.log, TAIL_LINES)))
+                .collect();
+            return Stop::Failed(format!(
+                "not ready within {READY_TIMEOUT:?}: {}; the last lines of their logs:\n{}",
+                waiting.join(", "),
+                logs.join("\n")
+            ));
+        }
+    }
+    announce(members, dir, args, spec);
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            reason = signals.recv() => return Stop::Signal(reason),
+            _ = tick.tick() => {
+                for m in members.0.iter_mut() {
+                    if let Some(status) = m.poll_exit() {
+                        return Stop::Failed(died(m, status, "while the cluster ran"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The table of nodes and a few commands to try.
+fn announce(members: &Members, dir: &Path, args: &ClusterArgs, spec: &LocalCluster) {
+    let mut out = format!(
+        "levee cluster: {} regions × {} nodes, {} mode, files in {}\n\n",
         args.regions.len(),
         args.nodes_per_region,
         spec.mode.as_str(),
         dir.display()
     );
-    println!("  {:<8} {:<10} {:<28} quic", "region", "node", "http");
-    for n in &nodes {
-        println!(
-            "  {:<8} {:<10} {:<28} {}",
+    out.push_str(&format!(
+        "  {:<8} {:<10} {:<28} {:<18} pid\n",
+        "region", "node", "http", "quic"
+    ));
+    for m in &members.0 {
+        let n = &m.node;
+        out.push_str(&format!(
+            "  {:<8} {:<10} {:<28} {:<18} {}\n",
             n.region,
             n.id,
             format!("http://{}", n.http),
-            n.gossip
-        );
+            n.gossip.to_string(),
+            m.child.id()
+        ));
     }
-    let first = &nodes[0];
-    println!(
-        "\ntry:\n  curl -s -XPOST http://{}/v1/check -H 'content-type: application/json' -d '{{\"rule\":\"api-per-tenant\",\"key\":\"acme\"}}'\n  curl -s http://{}/v1/cluster\n\nlogs: {}/<node>.log   stop: Ctrl-C\n",
+    let first = &members.0[0].node;
+    out.push_str(&format!(
+        "\ntry:\n  curl -s -XPOST http://{}/v1/check -H 'content-type: application/json' -d '{{\"rule\":\"api-per-tenant\",\"key\":\"acme\"}}'\n  curl -s http://{}/v1/cluster\n\n\
+         logs: {}/<node>.log   stop: Ctrl-C (a node that exits stops the whole cluster)\n\
+         to stop and restart single nodes, keep the files (--dir DIR) and run each node yourself:\n  levee serve --config {}\n\n",
         first.http,
         first.http,
-        dir.display()
-    );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let reason = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-        let mut check = tokio::time::interval(Duration::from_millis(500));
-        loop {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => return Ok::<_, String>("interrupted".to_owned()),
-                _ = term.recv() => return Ok("terminated".to_owned()),
-                _ = check.tick() => {
-                    for (id, c) in &mut children.0 {
-                        if let Ok(Some(status)) = c.try_wait() {
-                            return Ok(format!("{id} exited ({status}); see {}/{id}.log", dir.display()));
-                        }
-                    }
-                }
-            }
-        }
-    })?;
-    println!("stopping the cluster: {reason}");
-    drop(children);
-    Ok(ExitCode::SUCCESS)
+        dir.display(),
+        first.config.display()
+    ));
+    print!("{out}");
 }

@@ -32,7 +32,7 @@ enum Command {
         /// The configuration file (TOML).
         #[arg(long, short)]
         config: Option<PathBuf>,
-        /// Log format.
+        /// Log format: `human` (coloured only on a terminal) or `json` (one object per line).
         #[arg(long, value_enum, default_value_t = LogFormat::Human)]
         log_format: LogFormat,
         /// Test only: milliseconds added to this node's clock, to simulate skew.
@@ -89,23 +89,28 @@ enum ConfigCommand {
     },
 }
 
+/// How `levee serve` writes its log lines (to stderr).
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
-    /// Human-readable lines.
+    /// Human-readable lines; coloured only when stderr is a terminal.
     Human,
-    /// One JSON object per line.
+    /// One JSON object per line (for log collectors): `timestamp`, `level`, `target`,
+    /// `message` and the event's fields at the top level.
     Json,
 }
 
+/// Logs to stderr at the level `LEVEE_LOG` says (default `info`). Human lines carry ANSI
+/// colours only when stderr is a terminal: a file, `docker logs` or a journal gets plain text.
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("LEVEE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Human => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
     }
 }
 
@@ -133,7 +138,23 @@ fn main() -> ExitCode {
         } => serve(config, log_format, clock_offset_ms),
         Command::Config {
             command: ConfigCommand::Check { file },
-        } => match levee_node::Config::load(&file) {
+        } => match levee_node::Config::load(&file).and_then(|c| {
+            // `data_dir` must be able to hold snapshots (checked without creating anything).
+            match c
+                .node
+                .data_dir
+                .as_deref()
+                .map(levee_node::snapshot::check_data_dir)
+            {
+                Some(Err(e)) => Err(levee_node::ConfigError {
+                    source_name: file.display().to_string(),
+                    line: None,
+                    field: "node.data_dir".into(),
+                    message: e.to_string(),
+                }),
+                _ => Ok(c),
+            }
+        }) {
             Ok(c) => {
                 println!(
                     "{}: ok ({} rules, node {} in region {})",
@@ -229,6 +250,18 @@ fn print_welcome(config: &levee_node::Config, addr: std::net::SocketAddr) {
     for r in &config.rules {
         let s = &r.spec;
         let figures = match r.algorithm {
+            levee_core::Algorithm::TokenBucket {
+                rate,
+                shaping: Some(shaping),
+                ..
+            } => {
+                format!(
+                    "leaky_bucket  {rate} per {}, burst {}, delay {}",
+                    s.per.map(|p| p.to_string()).unwrap_or_default(),
+                    shaping.queue,
+                    shaping.delay
+                )
+            }
             levee_core::Algorithm::TokenBucket { rate, burst, .. } => {
                 format!(
                     "token_bucket  {rate} per {}, burst {burst}",
@@ -249,6 +282,12 @@ fn print_welcome(config: &levee_node::Config, addr: std::net::SocketAddr) {
             }
             levee_core::Algorithm::Quota { limit, period } => {
                 format!("quota         {limit} per {period:?}").to_lowercase()
+            }
+            levee_core::Algorithm::SlidingLog { limit, .. } => {
+                format!(
+                    "sliding_log   {limit} per {}",
+                    s.window.map(|p| p.to_string()).unwrap_or_default()
+                )
             }
         };
         let classes: Vec<&str> = r.classes.iter().map(|c| c.name.as_str()).collect();

@@ -33,10 +33,10 @@ pub struct Claim {
 
 impl Claim {
     /// The `step` of claim round `round`, with the promise not to raise in the next round if
-    /// `passive`.
+    /// `passive`. Saturating: rounds are read from peers' claims, which may hold any value.
     #[inline]
     pub const fn step_at(round: u64, passive: bool) -> u64 {
-        2 * round + passive as u64
+        round.saturating_mul(2).saturating_add(passive as u64)
     }
 
     /// The claim round.

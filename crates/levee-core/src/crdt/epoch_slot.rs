@@ -56,10 +56,12 @@ impl EpochSlot {
         }
     }
 
-    /// Net consumption of every node.
+    /// Net consumption of every node (saturating at `u64::MAX`: tallies come from peers).
     #[inline]
     pub fn net_total(&self) -> u64 {
-        self.tallies.iter().map(|(_, t)| t.net()).sum()
+        self.tallies
+            .iter()
+            .fold(0u64, |sum, (_, t)| sum.saturating_add(t.net()))
     }
 }
 

@@ -12,6 +12,9 @@ use super::node_map::NodeMap;
 use super::registers::{BucketReg, DemandReg};
 use super::transfers::TransferMatrix;
 
+/// Up to this many slots are searched one by one (see `KeyCrdt::position`).
+const LINEAR_SEARCH_MAX: usize = 8;
+
 /// The replicated state of one key (of one rule, and class bucket where classes are
 /// separate). A delta is a value of the same type holding only some entries.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,13 +35,24 @@ impl KeyCrdt {
     /// The slot of `epoch`, if held.
     #[inline]
     pub fn slot(&self, epoch: u64) -> Option<&EpochSlot> {
-        self.slots.iter().rev().find(|s| s.epoch == epoch)
+        self.position(epoch).map(|i| &self.slots[i])
+    }
+
+    /// Where the slot of `epoch` is. A handful of slots (windows, quotas) are searched from
+    /// the newest; a sliding log's thousands, kept ascending, by bisection.
+    #[inline]
+    fn position(&self, epoch: u64) -> Option<usize> {
+        if self.slots.len() <= LINEAR_SEARCH_MAX {
+            self.slots.iter().rposition(|s| s.epoch == epoch)
+        } else {
+            self.slots.binary_search_by_key(&epoch, |s| s.epoch).ok()
+        }
     }
 
     /// The slot of `epoch`, created empty if missing.
     #[inline]
     pub fn slot_mut(&mut self, epoch: u64) -> &mut EpochSlot {
-        let pos = match self.slots.iter().rposition(|s| s.epoch == epoch) {
+        let pos = match self.position(epoch) {
             Some(i) => i,
             None => {
                 let i = self.slots.partition_point(|s| s.epoch < epoch);

@@ -34,24 +34,22 @@ impl TransferMatrix {
             .map_or(0, |c| c.units)
     }
 
-    /// Everything `node` has given away.
+    /// Everything `node` has given away (saturating at `u64::MAX`: cells come from peers).
     #[inline]
     pub fn given_by(&self, node: NodeIdx) -> u64 {
         self.cells
             .iter()
             .filter(|c| c.from == node)
-            .map(|c| c.units)
-            .sum()
+            .fold(0u64, |sum, c| sum.saturating_add(c.units))
     }
 
-    /// Everything `node` has received.
+    /// Everything `node` has received (saturating at `u64::MAX`).
     #[inline]
     pub fn received_by(&self, node: NodeIdx) -> u64 {
         self.cells
             .iter()
             .filter(|c| c.to == node)
-            .map(|c| c.units)
-            .sum()
+            .fold(0u64, |sum, c| sum.saturating_add(c.units))
     }
 
     /// Net rights moved to `node`: received minus given.
@@ -77,7 +75,7 @@ impl TransferMatrix {
         self.raise(Transfer {
             from,
             to,
-            units: self.get(from, to) + units,
+            units: self.get(from, to).saturating_add(units),
         });
     }
 
@@ -93,6 +91,34 @@ impl TransferMatrix {
                 true
             }
         }
+    }
+
+    /// Whether joining `other` keeps every node's sums (what it gave, what it received)
+    /// within `u64`, for nodes below `nodes`. Conservative: a cell `other` repeats counts
+    /// twice. `self` is a local matrix (sorted); `other` may come from a peer in any order.
+    pub fn join_sums_fit(&self, other: &TransferMatrix, nodes: usize) -> bool {
+        let mut given = vec![0u128; nodes];
+        let mut received = vec![0u128; nodes];
+        let mut add = |c: &Transfer, units: u64| {
+            if let Some(g) = given.get_mut(usize::from(c.from.0)) {
+                *g += u128::from(units);
+            }
+            if let Some(r) = received.get_mut(usize::from(c.to.0)) {
+                *r += u128::from(units);
+            }
+        };
+        for c in &self.cells {
+            add(c, c.units);
+        }
+        for c in &other.cells {
+            let mine = self
+                .cells
+                .binary_search_by_key(&(c.from, c.to), |x| (x.from, x.to))
+                .map_or(0, |i| self.cells[i].units);
+            add(c, c.units.saturating_sub(mine));
+        }
+        let max = u128::from(u64::MAX);
+        given.iter().chain(&received).all(|&s| s <= max)
     }
 
     /// Every cell.

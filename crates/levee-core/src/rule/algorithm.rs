@@ -18,6 +18,22 @@ pub enum AlgorithmName {
     SlidingWindow,
     /// `limit` per calendar day or month in UTC.
     Quota,
+    /// `limit` admissions in any sliding `window`, counted exactly from a log of admissions.
+    SlidingLog,
+    /// nginx `limit_req … burst= delay=`: requests beyond `rate` per `per` queue up to
+    /// `burst` and are released at the rate (`delay_ms` in the answer).
+    LeakyBucket,
+}
+
+/// A leaky bucket's shaping, on top of the token bucket that decides it (nginx `limit_req`'s
+/// `burst` and `delay`). The bucket's capacity is `queue + 1`: the request that proceeds now
+/// and `queue` waiting behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Shaping {
+    /// Requests that may wait (nginx `burst`).
+    pub queue: u64,
+    /// Of those, how many proceed at once (nginx `delay`; 0 delays every excess request).
+    pub delay: u64,
 }
 
 /// The figures of one algorithm, validated, in milliseconds.
@@ -32,6 +48,9 @@ pub enum Algorithm {
         per_ms: Millis,
         /// Capacity.
         burst: u64,
+        /// A leaky bucket's shaping (`burst` is then its queue plus one); `None` for a token
+        /// bucket.
+        shaping: Option<Shaping>,
     },
     /// `limit` per aligned window.
     FixedWindow {
@@ -54,6 +73,16 @@ pub enum Algorithm {
         /// Day or month, UTC.
         period: CalendarPeriod,
     },
+    /// `limit` admissions (weighted by cost) in the last `window_ms`, exactly: a log of
+    /// admission times. Its epochs (demand, forecasts) are aligned windows; its log entries
+    /// are the key's slots, one per millisecond that admitted something (see
+    /// [`crate::state`]).
+    SlidingLog {
+        /// Tokens per sliding window, at most [`crate::rule::MAX_LOG_LIMIT`].
+        limit: u64,
+        /// Window length in ms.
+        window_ms: Millis,
+    },
 }
 
 impl Algorithm {
@@ -64,6 +93,7 @@ impl Algorithm {
             Algorithm::TokenBucket { burst, .. } => burst,
             Algorithm::FixedWindow { limit, .. }
             | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::SlidingLog { limit, .. }
             | Algorithm::Quota { limit, .. } => limit,
         }
     }
@@ -75,7 +105,8 @@ impl Algorithm {
         match *self {
             Algorithm::TokenBucket { per_ms, .. } => now / per_ms,
             Algorithm::FixedWindow { window_ms, .. }
-            | Algorithm::SlidingWindow { window_ms, .. } => now / window_ms,
+            | Algorithm::SlidingWindow { window_ms, .. }
+            | Algorithm::SlidingLog { window_ms, .. } => now / window_ms,
             Algorithm::Quota { period, .. } => period.index(now),
         }
     }
@@ -86,7 +117,8 @@ impl Algorithm {
         match *self {
             Algorithm::TokenBucket { per_ms: w, .. }
             | Algorithm::FixedWindow { window_ms: w, .. }
-            | Algorithm::SlidingWindow { window_ms: w, .. } => epoch.saturating_mul(w),
+            | Algorithm::SlidingWindow { window_ms: w, .. }
+            | Algorithm::SlidingLog { window_ms: w, .. } => epoch.saturating_mul(w),
             Algorithm::Quota { period, .. } => period.start(epoch),
         }
     }
@@ -114,6 +146,7 @@ impl Algorithm {
                 rate,
                 per_ms,
                 burst,
+                ..
             } => (u128::from(burst) * u128::from(per_ms)).div_ceil(u128::from(rate)) as u64,
             _ => self.epoch_len(now),
         };
@@ -137,29 +170,40 @@ impl Algorithm {
     }
 
     /// The name a configuration gives it.
-    pub(super) fn name(&self) -> AlgorithmName {
+    pub(crate) fn name(&self) -> AlgorithmName {
         match self {
+            Algorithm::TokenBucket {
+                shaping: Some(_), ..
+            } => AlgorithmName::LeakyBucket,
             Algorithm::TokenBucket { .. } => AlgorithmName::TokenBucket,
             Algorithm::FixedWindow { .. } => AlgorithmName::FixedWindow,
             Algorithm::SlidingWindow { .. } => AlgorithmName::SlidingWindow,
             Algorithm::Quota { .. } => AlgorithmName::Quota,
+            Algorithm::SlidingLog { .. } => AlgorithmName::SlidingLog,
         }
     }
 
     /// The same algorithm with another capacity (and, for a token bucket, rate): a class's
     /// own bucket under the separate-buckets method.
-    pub(super) fn resized(&self, limit: u64, rate: Option<u64>) -> Algorithm {
+    pub(crate) fn resized(&self, limit: u64, rate: Option<u64>) -> Algorithm {
         match *self {
-            Algorithm::TokenBucket { per_ms, .. } => Algorithm::TokenBucket {
+            Algorithm::TokenBucket {
+                per_ms, shaping, ..
+            } => Algorithm::TokenBucket {
                 rate: rate.unwrap_or(limit),
                 per_ms,
                 burst: limit,
+                shaping: shaping.map(|s| Shaping {
+                    queue: limit - 1,
+                    delay: s.delay.min(limit - 1),
+                }),
             },
             Algorithm::FixedWindow { window_ms, .. } => Algorithm::FixedWindow { limit, window_ms },
             Algorithm::SlidingWindow { window_ms, .. } => {
                 Algorithm::SlidingWindow { limit, window_ms }
             }
             Algorithm::Quota { period, .. } => Algorithm::Quota { limit, period },
+            Algorithm::SlidingLog { window_ms, .. } => Algorithm::SlidingLog { limit, window_ms },
         }
     }
 }

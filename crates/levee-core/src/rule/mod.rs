@@ -17,12 +17,12 @@ mod spec;
 mod target;
 mod validate;
 
-pub use algorithm::{Algorithm, AlgorithmName};
-pub use spec::{ClassMethod, ClassSpec, RuleMode, RuleSpec};
+pub use algorithm::{Algorithm, AlgorithmName, Shaping};
+pub use spec::{ClassMethod, ClassSpec, KeyFromSpec, RuleMode, RuleSpec};
 pub use target::{CheckError, Target};
 pub use validate::{
-    Class, KeyFrom, MAX_AMOUNT, MAX_BURST, MAX_CLASSES, MAX_NAME_LEN, MAX_PERIOD_MS, Rule,
-    RuleError,
+    Class, KeyFrom, KeyPart, MAX_AMOUNT, MAX_BURST, MAX_CLASSES, MAX_KEY_PARTS, MAX_LOG_LIMIT,
+    MAX_NAME_LEN, MAX_PERIOD_MS, Rule, RuleError,
 };
 
 #[cfg(test)]

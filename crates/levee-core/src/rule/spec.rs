@@ -74,9 +74,13 @@ pub struct RuleSpec {
     /// Token bucket: the refill period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<HumanDuration>,
-    /// Token bucket: the bucket's capacity (defaults to `rate`).
+    /// Token bucket: the bucket's capacity (defaults to `rate`). Leaky bucket: how many
+    /// requests may wait beyond the rate (default 0, as nginx's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
+    /// Leaky bucket: how many of the `burst` waiting requests proceed at once (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<u64>,
     /// Windows and quotas: tokens per window or period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
@@ -89,15 +93,41 @@ pub struct RuleSpec {
     /// `enforce` (the default) or `shadow`.
     #[serde(default)]
     pub mode: RuleMode,
-    /// Forward authentication: where the key comes from (`header:<name>` or `ip`).
+    /// Forward authentication: where the key comes from (`header:<name>` or `ip`), or a list
+    /// of parts joined with `|` (`["header:x-api-key", "method", "path"]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_from: Option<String>,
+    pub key_from: Option<KeyFromSpec>,
     /// How classes share the rule, when `class` entries are given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class_method: Option<ClassMethod>,
     /// Consumer classes.
     #[serde(default, rename = "class", skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<ClassSpec>,
+    /// Per-key overrides (`[[rule.override]]`): exact keys or prefixes ending with `*`.
+    #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<crate::overrides::OverrideSpec>,
+}
+
+/// `key_from` as a configuration writes it: one part, or a list of parts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum KeyFromSpec {
+    /// One part: `"ip"`, `"header:<name>"`, `"method"`, `"path"` or `"query:<name>"`.
+    One(String),
+    /// Parts whose values are joined with `|`, in order.
+    Parts(Vec<String>),
+}
+
+impl From<&str> for KeyFromSpec {
+    fn from(s: &str) -> KeyFromSpec {
+        KeyFromSpec::One(s.to_owned())
+    }
+}
+
+impl From<Vec<&str>> for KeyFromSpec {
+    fn from(parts: Vec<&str>) -> KeyFromSpec {
+        KeyFromSpec::Parts(parts.into_iter().map(str::to_owned).collect())
+    }
 }
 
 impl RuleSpec {
@@ -109,6 +139,7 @@ impl RuleSpec {
             rate: None,
             per: None,
             burst: None,
+            delay: None,
             limit: None,
             window: None,
             period: None,
@@ -116,6 +147,7 @@ impl RuleSpec {
             key_from: None,
             class_method: None,
             classes: Vec::new(),
+            overrides: Vec::new(),
         }
     }
 
@@ -126,6 +158,17 @@ impl RuleSpec {
             per: Some(HumanDuration::from_millis(per_ms)),
             burst: Some(burst),
             ..RuleSpec::new(name, AlgorithmName::TokenBucket)
+        }
+    }
+
+    /// A leaky bucket: `rate` per `per_ms`, `burst` waiting, the first `delay` at once.
+    pub fn leaky_bucket(name: &str, rate: u64, per_ms: Millis, burst: u64, delay: u64) -> RuleSpec {
+        RuleSpec {
+            rate: Some(rate),
+            per: Some(HumanDuration::from_millis(per_ms)),
+            burst: Some(burst),
+            delay: Some(delay),
+            ..RuleSpec::new(name, AlgorithmName::LeakyBucket)
         }
     }
 
@@ -144,6 +187,15 @@ impl RuleSpec {
             limit: Some(limit),
             window: Some(HumanDuration::from_millis(window_ms)),
             ..RuleSpec::new(name, AlgorithmName::SlidingWindow)
+        }
+    }
+
+    /// A sliding log: `limit` per sliding `window_ms`, exactly.
+    pub fn sliding_log(name: &str, limit: u64, window_ms: Millis) -> RuleSpec {
+        RuleSpec {
+            limit: Some(limit),
+            window: Some(HumanDuration::from_millis(window_ms)),
+            ..RuleSpec::new(name, AlgorithmName::SlidingLog)
         }
     }
 

@@ -86,12 +86,27 @@ impl Rule {
     /// Resolves the bucket a request of `class` draws from and checks that `cost` can ever be
     /// granted by it. A cost above the capacity is the caller's error, not a silent deny.
     pub fn target(&self, class: Option<&str>, cost: u64) -> Result<Target<'_>, CheckError> {
+        self.target_with(class, cost, None)
+    }
+
+    /// [`Rule::target`] for a key with its own figures (`over`, a per-key override's
+    /// algorithm, [`Rule::override_effect`]): they replace the rule's own bucket's, split
+    /// among the nodes as the rule's capacity is; a separate class's own bucket keeps its
+    /// figures.
+    pub fn target_with<'r>(
+        &'r self,
+        class: Option<&str>,
+        cost: u64,
+        over: Option<&'r Algorithm>,
+    ) -> Result<Target<'r>, CheckError> {
+        let own = over.unwrap_or(&self.algorithm);
+        let split = if over.is_some() { None } else { self.bound() };
         let target = match (class, self.classes.is_empty()) {
             (None, true) => Target {
-                algorithm: &self.algorithm,
+                algorithm: own,
                 bucket: None,
                 min_fill_ppm: 0,
-                split: self.bound(),
+                split,
             },
             (None, false) => {
                 return Err(CheckError::MissingClass {
@@ -118,10 +133,10 @@ impl Rule {
                         split: (!c.split.is_empty()).then_some(c.split.as_slice()),
                     },
                     None => Target {
-                        algorithm: &self.algorithm,
+                        algorithm: own,
                         bucket: None,
                         min_fill_ppm: c.min_fill_ppm,
-                        split: self.bound(),
+                        split,
                     },
                 }
             }
@@ -151,6 +166,16 @@ impl Rule {
     /// Whenever it returns a target, the target's [`Target::bucket`] equals `bucket`, so
     /// an id re-encoded from the target names the same state. No cost is checked.
     pub fn target_of_bucket(&self, bucket: Option<u8>) -> Option<Target<'_>> {
+        self.target_of_bucket_with(bucket, None)
+    }
+
+    /// [`Rule::target_of_bucket`] for a key with its own figures (`over`, as in
+    /// [`Rule::target_with`]).
+    pub fn target_of_bucket_with<'r>(
+        &'r self,
+        bucket: Option<u8>,
+        over: Option<&'r Algorithm>,
+    ) -> Option<Target<'r>> {
         let class = match bucket {
             Some(b) => Some(self.classes.get(usize::from(b))?.name.as_str()),
             None => self
@@ -159,7 +184,7 @@ impl Rule {
                 .find(|c| c.own.is_none())
                 .map(|c| c.name.as_str()),
         };
-        let target = self.target(class, 0).ok()?;
+        let target = self.target_with(class, 0, over).ok()?;
         (target.bucket == bucket).then_some(target)
     }
 

@@ -10,6 +10,7 @@ fn tb() -> RuleSpec {
         rate: Some(100),
         per: Some(HumanDuration::from_millis(1000)),
         burst: Some(200),
+        delay: None,
         limit: None,
         window: None,
         period: None,
@@ -17,6 +18,7 @@ fn tb() -> RuleSpec {
         key_from: None,
         class_method: None,
         classes: vec![],
+        overrides: vec![],
     }
 }
 
@@ -44,7 +46,8 @@ fn a_valid_token_bucket_keeps_its_figures() {
         Algorithm::TokenBucket {
             rate: 100,
             per_ms: 1000,
-            burst: 200
+            burst: 200,
+            shaping: None,
         }
     );
     assert_eq!(rule.algorithm.capacity(), 200);
@@ -300,4 +303,94 @@ fn the_target_of_a_stored_bucket_is_bound_like_a_requests() {
     let t = separate.target_of_bucket(Some(0)).unwrap();
     assert_eq!(t.split, Some(&[50u64][..]));
     assert_eq!(t, separate.target(Some("a"), 0).unwrap());
+}
+
+#[test]
+fn key_from_takes_a_list_of_parts_and_names_the_wrong_one() {
+    let rule = RuleSpec {
+        key_from: Some(vec!["header:X-Api-Key", "method", "path", "query:page", "ip"].into()),
+        ..tb()
+    }
+    .validate()
+    .unwrap();
+    assert_eq!(
+        rule.key_from,
+        Some(KeyFrom::Parts(vec![
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::Method,
+            KeyPart::Path,
+            KeyPart::Query("page".into()),
+            KeyPart::Ip,
+        ]))
+    );
+    let single = RuleSpec {
+        key_from: Some("path".into()),
+        ..tb()
+    }
+    .validate()
+    .unwrap();
+    assert_eq!(single.key_from, Some(KeyFrom::Parts(vec![KeyPart::Path])));
+    let e = RuleSpec {
+        key_from: Some(vec!["method", "cookie:x"].into()),
+        ..tb()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!((e.rule.as_str(), e.field.as_str()), ("api", "key_from[1]"));
+    assert!(e.problem.contains("cookie:x"), "{e}");
+    for bad in [
+        vec![],
+        vec!["method", "method"],
+        vec!["query:"],
+        vec!["header:"],
+    ] {
+        let e = RuleSpec {
+            key_from: Some(bad.clone().into()),
+            ..tb()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.field.starts_with("key_from"), "{bad:?}: {e}");
+    }
+}
+
+#[test]
+fn a_leaky_bucket_is_a_token_bucket_of_burst_plus_one_and_checks_its_delay() {
+    let rule = RuleSpec::leaky_bucket("shape", 10, 1_000, 5, 2)
+        .validate()
+        .unwrap();
+    assert_eq!(
+        rule.algorithm,
+        Algorithm::TokenBucket {
+            rate: 10,
+            per_ms: 1_000,
+            burst: 6,
+            shaping: Some(Shaping { queue: 5, delay: 2 }),
+        }
+    );
+    assert_eq!(rule.algorithm_name(), AlgorithmName::LeakyBucket);
+    let no_burst = RuleSpec {
+        burst: None,
+        delay: None,
+        ..RuleSpec::leaky_bucket("shape", 10, 1_000, 0, 0)
+    };
+    assert_eq!(no_burst.validate().unwrap().algorithm.capacity(), 1);
+    let e = RuleSpec::leaky_bucket("shape", 10, 1_000, 5, 6)
+        .validate()
+        .unwrap_err();
+    assert_eq!((e.rule.as_str(), e.field.as_str()), ("shape", "delay"));
+    let e = RuleSpec {
+        delay: Some(1),
+        ..tb()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(e.field, "delay");
+    let e = RuleSpec {
+        limit: Some(1),
+        ..RuleSpec::leaky_bucket("shape", 10, 1_000, 5, 0)
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(e.field, "limit");
 }

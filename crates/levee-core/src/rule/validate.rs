@@ -4,8 +4,8 @@
 
 use crate::time::{HumanDuration, Millis};
 
-use super::algorithm::{Algorithm, AlgorithmName};
-use super::spec::{ClassMethod, RuleMode, RuleSpec};
+use super::algorithm::{Algorithm, AlgorithmName, Shaping};
+use super::spec::{ClassMethod, KeyFromSpec, RuleMode, RuleSpec};
 
 /// The largest limit, burst or rate a rule may have. It keeps every intermediate product of
 /// the decision path inside 128-bit integers and every token count exact.
@@ -16,6 +16,9 @@ pub const MAX_BURST: u64 = 1_000_000_000;
 pub const MAX_PERIOD_MS: u64 = 10 * 366 * 86_400_000;
 /// The longest rule name, in bytes.
 pub const MAX_NAME_LEN: usize = 128;
+/// The largest `limit` of a `sliding_log`: it keeps one log entry per millisecond that
+/// admitted something in the window, so its memory per key grows with the limit.
+pub const MAX_LOG_LIMIT: u64 = 10_000;
 /// The most consumer classes a rule may define.
 pub const MAX_CLASSES: usize = 16;
 
@@ -63,15 +66,103 @@ pub struct Rule {
     pub spec: RuleSpec,
     /// The capacity split among the nodes of the replica set (see [`Rule::bind`]).
     pub split: Vec<u64>,
+    /// `[[rule.override]]`: keys with their own figures, or on the allow or deny list.
+    pub overrides: crate::overrides::ConfigOverrides,
 }
+
+/// The most parts a composite `key_from` may list.
+pub const MAX_KEY_PARTS: usize = 8;
 
 /// Where `/v1/authz/{rule}` finds the key of a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum KeyFrom {
     /// A request header, lower-cased.
     Header(String),
-    /// The client IP (`X-Forwarded-For`, `X-Real-IP`, then the peer address).
+    /// The client IP: the peer address, or what `X-Forwarded-For` / `X-Real-IP` say when the
+    /// peer is a trusted proxy (`api.trusted_proxies`, decided by the node).
     Ip,
+    /// Several parts (or one part that is neither a header nor the IP), their values joined
+    /// with `|` in order.
+    Parts(Vec<KeyPart>),
+}
+
+/// One part of a composite key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// A request header, lower-cased.
+    Header(String),
+    /// The client IP, as [`KeyFrom::Ip`].
+    Ip,
+    /// The original request's method.
+    Method,
+    /// The original request's path, without the query string.
+    Path,
+    /// A parameter of the original request's query string.
+    Query(String),
+}
+
+impl KeyPart {
+    /// Parses one part as written in a configuration, or says what is wrong with it.
+    fn parse(s: &str) -> Result<KeyPart, String> {
+        let bad = || {
+            format!(
+                "{s:?} must be \"ip\", \"method\", \"path\", \"header:<name>\" or \"query:<name>\""
+            )
+        };
+        match s {
+            "ip" => Ok(KeyPart::Ip),
+            "method" => Ok(KeyPart::Method),
+            "path" => Ok(KeyPart::Path),
+            _ => {
+                if let Some(h) = s.strip_prefix("header:") {
+                    if !h.is_empty() && h.bytes().all(is_header_name_byte) {
+                        return Ok(KeyPart::Header(h.to_ascii_lowercase()));
+                    }
+                } else if let Some(q) = s.strip_prefix("query:")
+                    && !q.is_empty()
+                    && q.len() <= MAX_NAME_LEN
+                    && !q
+                        .bytes()
+                        .any(|b| b.is_ascii_control() || b"&=#".contains(&b))
+                {
+                    return Ok(KeyPart::Query(q.to_owned()));
+                }
+                Err(bad())
+            }
+        }
+    }
+}
+
+impl KeyFrom {
+    /// Checks `key_from` as a configuration writes it; the error is `(field, problem)`.
+    fn parse(spec: &KeyFromSpec) -> Result<KeyFrom, (String, String)> {
+        match spec {
+            KeyFromSpec::One(s) => match KeyPart::parse(s) {
+                Ok(KeyPart::Header(h)) => Ok(KeyFrom::Header(h)),
+                Ok(KeyPart::Ip) => Ok(KeyFrom::Ip),
+                Ok(part) => Ok(KeyFrom::Parts(vec![part])),
+                Err(problem) => Err(("key_from".into(), problem)),
+            },
+            KeyFromSpec::Parts(parts) => {
+                if parts.is_empty() || parts.len() > MAX_KEY_PARTS {
+                    return Err((
+                        "key_from".into(),
+                        format!("a list of 1 to {MAX_KEY_PARTS} parts"),
+                    ));
+                }
+                let mut out = Vec::with_capacity(parts.len());
+                for (i, s) in parts.iter().enumerate() {
+                    let part =
+                        KeyPart::parse(s).map_err(|problem| (format!("key_from[{i}]"), problem))?;
+                    if out.contains(&part) {
+                        return Err((format!("key_from[{i}]"), format!("{s:?} appears twice")));
+                    }
+                    out.push(part);
+                }
+                Ok(KeyFrom::Parts(out))
+            }
+        }
+    }
 }
 
 impl RuleSpec {
@@ -131,6 +222,7 @@ impl RuleSpec {
         };
         let algorithm = match self.algorithm {
             AlgorithmName::TokenBucket => {
+                forbid("delay", self.delay.is_some())?;
                 forbid("limit", self.limit.is_some())?;
                 forbid("window", self.window.is_some())?;
                 forbid("period", self.period.is_some())?;
@@ -141,9 +233,47 @@ impl RuleSpec {
                     rate,
                     per_ms,
                     burst,
+                    shaping: None,
                 }
             }
+            AlgorithmName::LeakyBucket => {
+                forbid("limit", self.limit.is_some())?;
+                forbid("window", self.window.is_some())?;
+                forbid("period", self.period.is_some())?;
+                let rate = amount("rate", self.rate, MAX_AMOUNT)?;
+                let per_ms = period("per", self.per)?;
+                let queue = self.burst.unwrap_or(0);
+                if queue >= MAX_BURST {
+                    return Err(err("burst", format!("must be at most {}", MAX_BURST - 1)));
+                }
+                let delay = self.delay.unwrap_or(0);
+                if delay > queue {
+                    return Err(err(
+                        "delay",
+                        format!(
+                            "must be at most burst ({queue}): {delay} requests cannot pass at once from a queue of {queue}"
+                        ),
+                    ));
+                }
+                Algorithm::TokenBucket {
+                    rate,
+                    per_ms,
+                    burst: queue + 1,
+                    shaping: Some(Shaping { queue, delay }),
+                }
+            }
+            AlgorithmName::SlidingLog => {
+                forbid("delay", self.delay.is_some())?;
+                forbid("rate", self.rate.is_some())?;
+                forbid("per", self.per.is_some())?;
+                forbid("burst", self.burst.is_some())?;
+                forbid("period", self.period.is_some())?;
+                let limit = amount("limit", self.limit, MAX_LOG_LIMIT)?;
+                let window_ms = period("window", self.window)?;
+                Algorithm::SlidingLog { limit, window_ms }
+            }
             AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow => {
+                forbid("delay", self.delay.is_some())?;
                 forbid("rate", self.rate.is_some())?;
                 forbid("per", self.per.is_some())?;
                 forbid("burst", self.burst.is_some())?;
@@ -157,6 +287,7 @@ impl RuleSpec {
                 }
             }
             AlgorithmName::Quota => {
+                forbid("delay", self.delay.is_some())?;
                 forbid("rate", self.rate.is_some())?;
                 forbid("per", self.per.is_some())?;
                 forbid("burst", self.burst.is_some())?;
@@ -171,20 +302,11 @@ impl RuleSpec {
                 Algorithm::Quota { limit, period }
             }
         };
-        let key_from = match self.key_from.as_deref() {
+        let key_from = match &self.key_from {
             None => None,
-            Some("ip") => Some(KeyFrom::Ip),
-            Some(s) => match s.strip_prefix("header:") {
-                Some(h) if !h.is_empty() && h.bytes().all(is_header_name_byte) => {
-                    Some(KeyFrom::Header(h.to_ascii_lowercase()))
-                }
-                _ => {
-                    return Err(err(
-                        "key_from",
-                        format!("{s:?} must be \"ip\" or \"header:<name>\""),
-                    ));
-                }
-            },
+            Some(spec) => {
+                Some(KeyFrom::parse(spec).map_err(|(field, problem)| err(&field, problem))?)
+            }
         };
         let class_method = self.class_method.unwrap_or_default();
         if self.classes.len() > MAX_CLASSES {
@@ -286,7 +408,7 @@ impl RuleSpec {
                 ));
             }
         }
-        Ok(Rule {
+        let mut rule = Rule {
             name: self.name.clone(),
             algorithm,
             mode: self.mode,
@@ -295,7 +417,11 @@ impl RuleSpec {
             classes,
             spec: self.clone(),
             split: vec![],
-        })
+            overrides: Default::default(),
+        };
+        rule.overrides = crate::overrides::ConfigOverrides::build(&rule, &self.overrides)
+            .map_err(|(field, problem)| err(&field, problem))?;
+        Ok(rule)
     }
 
     fn algorithm_str(&self) -> &'static str {
@@ -304,6 +430,8 @@ impl RuleSpec {
             AlgorithmName::FixedWindow => "fixed_window",
             AlgorithmName::SlidingWindow => "sliding_window",
             AlgorithmName::Quota => "quota",
+            AlgorithmName::SlidingLog => "sliding_log",
+            AlgorithmName::LeakyBucket => "leaky_bucket",
         }
     }
 }

@@ -67,7 +67,11 @@ impl KeyState {
                 let ahead = (algo.epoch_end(e) - ctx.now).min(len / 2).min(HORIZON_MS);
                 let x = f.expected(ahead);
                 let margin = x.div_ceil(10).max((2.0 * (x as f64).sqrt()).ceil() as u64);
-                own_used + cost + x + margin
+                // Saturating: `own_used` is a tally a peer may have sent back with any value.
+                own_used
+                    .saturating_add(cost)
+                    .saturating_add(x)
+                    .saturating_add(margin)
             }
             _ => u64::MAX,
         };

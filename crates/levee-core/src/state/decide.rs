@@ -2,6 +2,7 @@
 //! decided, refunding, and the answer a caller gets.
 
 use crate::decision::{AllDecision, Consistency, DecideCtx, Decision};
+use crate::escrow::HORIZON_MS;
 use crate::rights::NANO;
 use crate::rule::{Algorithm, RuleMode, Target};
 
@@ -38,10 +39,28 @@ impl KeyState {
         let now = ctx.now;
         let e = algo.epoch(now);
         let mut left = cost;
+        if let Algorithm::SlidingLog { window_ms, .. } = *algo {
+            // The newest of this node's entries in the window first.
+            let from = super::log::window_start(now, window_ms);
+            for slot in self.crdt.slots.iter_mut().rev() {
+                if left == 0 || slot.epoch < from {
+                    break;
+                }
+                let Some(t) = slot.tallies.get(ctx.me).copied() else {
+                    continue;
+                };
+                let give = left.min(t.net());
+                if give > 0 {
+                    slot.tallies.entry(ctx.me).refunded = t.refunded + give;
+                    left -= give;
+                    self.pending.tallies = true;
+                }
+            }
+        }
         // The current epoch first; a sliding window's previous epoch still weighs.
         let epochs: &[u64] = match algo {
             Algorithm::SlidingWindow { .. } => &[e, e.saturating_sub(1)],
-            Algorithm::TokenBucket { .. } => &[],
+            Algorithm::TokenBucket { .. } | Algorithm::SlidingLog { .. } => &[],
             _ => &[e],
         };
         for &epoch in epochs {
@@ -87,16 +106,32 @@ impl KeyState {
         let algo = target.algorithm;
         let now = ctx.now;
         // A token bucket's replicated state is its level register; only windows count per
-        // epoch.
-        if !matches!(algo, Algorithm::TokenBucket { .. }) {
-            let tally = self.crdt.slot_mut(ev.epoch).tallies.entry(ctx.me);
-            tally.requested += cost;
+        // epoch. A sliding log records admissions only, in the slot of this millisecond (a
+        // denial leaves no entry: a flood of denials costs no memory).
+        if let Algorithm::SlidingLog { .. } = algo {
             if admitted {
-                tally.consumed += cost;
+                let tally = self.crdt.slot_mut(now).tallies.entry(ctx.me);
+                tally.requested = tally.requested.saturating_add(cost);
+                tally.consumed = tally.consumed.saturating_add(cost);
+                self.pending.tallies = true;
+            }
+        } else if !matches!(algo, Algorithm::TokenBucket { .. }) {
+            let tally = self.crdt.slot_mut(ev.epoch).tallies.entry(ctx.me);
+            // Saturating: the tally may have come back from a peer with any value.
+            tally.requested = tally.requested.saturating_add(cost);
+            if admitted {
+                tally.consumed = tally.consumed.saturating_add(cost);
             }
             self.pending.tallies = true;
         }
         self.requested = self.requested.saturating_add(cost);
+        // In a long window demand is often too sparse to make a forecast, and rights lent
+        // away stay lent for the rest of it: a decision that finds this node short asks.
+        // (In a short window the forecast forms within two intervals and the window resets
+        // soon; asking there held rights at a region whose demand had moved on.)
+        if ev.asks_rights && algo.epoch_len(now) > HORIZON_MS {
+            self.ask_rights(cost, algo.capacity(), now);
+        }
         if ctx.view.consistency == Consistency::Optimistic
             && windowed(algo)
             && self
@@ -129,7 +164,9 @@ impl KeyState {
                 self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
             }
         }
-        if self.crdt.slots.len() > algo.retained_epochs() as usize + 1 {
+        if let Algorithm::SlidingLog { limit, window_ms } = *algo {
+            self.prune_log(now, window_ms, limit);
+        } else if self.crdt.slots.len() > algo.retained_epochs() as usize + 1 {
             self.prune(algo, now);
         }
     }
@@ -216,5 +253,11 @@ fn decision_of(
         retry_after_ms: ev.retry_after_ms,
         mode,
         degraded: ctx.view.degraded(),
+        // Only a request that proceeds waits: a shadow rule never shapes.
+        delay_ms: if mode == RuleMode::Enforce && allowed {
+            ev.delay_ms
+        } else {
+            0
+        },
     }
 }

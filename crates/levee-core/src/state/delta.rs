@@ -4,12 +4,13 @@
 //! A delta holds absolute values, not increments, so merging one twice, out of order or after
 //! a loss repaired by a full state changes nothing more (see [`crate::crdt`]).
 
-use crate::crdt::{KeyCrdt, Lattice, TransferMatrix};
+use crate::crdt::{EpochSlot, KeyCrdt, Lattice, TransferMatrix};
 use crate::decision::DecideCtx;
 use crate::replica::NodeIdx;
 use crate::rule::{Algorithm, Target};
 
 use super::key_state::{KeyState, retained_range};
+use super::log::max_log_entries;
 
 /// Why a remote delta was refused. The state is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,6 +23,15 @@ pub enum MergeError {
         /// The replica set's size.
         len: usize,
     },
+    /// The delta holds what no honest node writes: a tally that refunded more than it
+    /// consumed or consumed more than was requested, or a transfer from a node to itself.
+    #[error("inconsistent delta: {0}")]
+    Inconsistent(&'static str),
+    /// Joining the delta would take a node's sums (rights given or received, an epoch's
+    /// consumption) past `u64::MAX`: no honest cluster comes near, so it is refused rather
+    /// than saturated.
+    #[error("delta's values would overflow the key's sums")]
+    Overflow,
 }
 
 impl KeyState {
@@ -46,11 +56,24 @@ impl KeyState {
         }
         let algo = target.algorithm;
         let (oldest, newest) = retained_range(algo, ctx.now);
+        // A sliding log keeps at most `max_log_entries`: of a delta holding more (no honest
+        // node sends that many), only the last are read, so a flood costs bounded work.
+        let slots = match *algo {
+            Algorithm::SlidingLog { limit, .. } => {
+                let skip = delta.slots.len().saturating_sub(max_log_entries(limit));
+                &delta.slots[skip..]
+            }
+            _ => &delta.slots[..],
+        };
+        self.check(delta, slots, replicas.len(), (oldest, newest))?;
         let mut changed = false;
-        for slot in &delta.slots {
+        for slot in slots {
             if slot.epoch >= oldest && slot.epoch <= newest {
                 changed |= self.crdt.slot_mut(slot.epoch).join(slot);
             }
+        }
+        if let Algorithm::SlidingLog { limit, window_ms } = *algo {
+            self.prune_log(ctx.now, window_ms, limit);
         }
         let anchor = match algo {
             Algorithm::TokenBucket { .. }
@@ -77,6 +100,52 @@ impl KeyState {
             }
         }
         Ok(changed)
+    }
+
+    /// Refuses a delta that no honest peer sends, or whose join would overflow a sum (see
+    /// [`MergeError`]), before anything is joined.
+    fn check(
+        &self,
+        delta: &KeyCrdt,
+        slots: &[EpochSlot],
+        nodes: usize,
+        (oldest, newest): (u64, u64),
+    ) -> Result<(), MergeError> {
+        let self_transfer = |m: &TransferMatrix| m.cells().iter().any(|c| c.from == c.to);
+        if self_transfer(&delta.holdings) || delta.slots.iter().any(|s| self_transfer(&s.transfers))
+        {
+            return Err(MergeError::Inconsistent("a transfer from a node to itself"));
+        }
+        if !self.crdt.holdings.join_sums_fit(&delta.holdings, nodes) {
+            return Err(MergeError::Overflow);
+        }
+        for slot in slots
+            .iter()
+            .filter(|s| s.epoch >= oldest && s.epoch <= newest)
+        {
+            // What the join can reach at most: every node's consumption here plus there.
+            let mine = self.crdt.slot(slot.epoch);
+            let mut consumed: u128 = mine.map_or(0, |s| {
+                s.tallies.iter().map(|(_, t)| u128::from(t.consumed)).sum()
+            });
+            for (_, t) in slot.tallies.iter() {
+                if t.refunded > t.consumed || t.consumed > t.requested {
+                    return Err(MergeError::Inconsistent(
+                        "a tally that refunded more than it consumed, or consumed more than was requested",
+                    ));
+                }
+                consumed += u128::from(t.consumed);
+            }
+            if consumed > u128::from(u64::MAX) {
+                return Err(MergeError::Overflow);
+            }
+            let empty = TransferMatrix::default();
+            let transfers = mine.map_or(&empty, |s| &s.transfers);
+            if !transfers.join_sums_fit(&slot.transfers, nodes) {
+                return Err(MergeError::Overflow);
+            }
+        }
+        Ok(())
     }
 
     /// Whether this node wrote entries that [`KeyState::take_delta`] has not returned yet.

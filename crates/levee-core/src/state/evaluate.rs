@@ -6,16 +6,23 @@ use crate::crdt::Claim;
 use crate::crdt::{EpochSlot, Tally};
 use crate::decision::{ClusterView, Consistency, DecideCtx};
 use crate::replica::{NodeIdx, RegionMask};
-use crate::rights::{NANO, ceil_mul_div, holdings, sub_bucket_level, tokens_of};
-use crate::rule::{Algorithm, Target};
+use crate::rights::{NANO, ceil_mul_div, holdings};
+use crate::rule::{Algorithm, Shaping, Target};
 
 use super::allowance::{Allowance, allowance_room, assumed_usage};
 use super::claim::CLAIM_GRACE_MS;
 use super::key_state::KeyState;
+use super::log::{entry_net, log_retry};
 
 /// The retry-after a recovering node answers: it expects to have pulled the cluster's state
 /// by then.
 pub const RECOVERY_RETRY_MS: u64 = 1_000;
+
+/// The retry-after of a strict deny while the cluster, as the deciding node sees it, still
+/// has room under the limit: the node holds too little, its deny asks for rights (published
+/// at the next gossip interval), and donors answer within a round trip and an interval or
+/// two. Never the window's end: the global limit is not what denied.
+pub const RIGHTS_RETRY_MS: u64 = 250;
 
 /// How long until a key is back to its limit; computed only for the answer actually given
 /// (a token bucket's needs a division that a decision should not pay twice).
@@ -80,6 +87,46 @@ pub(super) struct Evaluation {
     pub(super) resend_claim: bool,
     /// … and its first claim for the next epoch, made during the last part of this one.
     pub(super) next_claim: Option<Claim>,
+    /// A leaky bucket: how long the request waits if it is admitted.
+    pub(super) delay_ms: u64,
+    /// Strict mode: this node holds too little for this check (a deny) or for the next one
+    /// like it (an admission that spends its last rights) while the cluster, as it sees it,
+    /// has room: the decision asks for rights.
+    pub(super) asks_rights: bool,
+    /// A token bucket: the capacity (units) of the level `level_nt` is measured against: the
+    /// node's sub-bucket in strict mode, the whole bucket in optimistic mode; and that level.
+    pub(super) bucket_units: u64,
+    pub(super) bucket_level_nt: i128,
+}
+
+impl Evaluation {
+    /// An evaluation with its decision and figures; everything algorithm-specific (a bucket's
+    /// level, claims, a shaping delay) at its neutral value, for the caller to set.
+    pub(super) fn decided(
+        would_allow: bool,
+        available: u64,
+        reset: Reset,
+        retry_after_ms: u64,
+        epoch: u64,
+        allowance: Allowance,
+    ) -> Evaluation {
+        Evaluation {
+            would_allow,
+            available,
+            reset,
+            retry_after_ms,
+            epoch,
+            level_nt: 0,
+            allowance,
+            claim: None,
+            resend_claim: false,
+            next_claim: None,
+            delay_ms: 0,
+            asks_rights: false,
+            bucket_units: 0,
+            bucket_level_nt: 0,
+        }
+    }
 }
 
 impl KeyState {
@@ -96,18 +143,14 @@ impl KeyState {
                 // What this node gave away before it restarted is unknown until it has pulled
                 // the cluster's state: it spends nothing.
                 Consistency::Strict => {
-                    return Evaluation {
-                        would_allow: cost == 0,
-                        available: 0,
-                        reset: Reset::Known { taken: 0, kept: 0 },
-                        retry_after_ms: if cost == 0 { 0 } else { RECOVERY_RETRY_MS },
-                        epoch: e,
-                        level_nt: 0,
-                        allowance: Allowance::default(),
-                        claim: None,
-                        resend_claim: false,
-                        next_claim: None,
-                    };
+                    return Evaluation::decided(
+                        cost == 0,
+                        0,
+                        Reset::Known { taken: 0, kept: 0 },
+                        if cost == 0 { 0 } else { RECOVERY_RETRY_MS },
+                        e,
+                        Allowance::default(),
+                    );
                 }
                 // Every other region counts as having spent its full share.
                 Consistency::Optimistic => {
@@ -137,8 +180,89 @@ impl KeyState {
                 rate,
                 per_ms,
                 burst,
-            } => self.eval_bucket(target, rate, per_ms, burst, e, cost, ctx),
+                shaping,
+            } => {
+                let mut ev = self.eval_bucket(target, rate, per_ms, burst, e, cost, ctx);
+                if let Some(shaping) = shaping
+                    && ev.would_allow
+                {
+                    ev.delay_ms = shaping_delay(&ev, shaping, (rate, per_ms, burst), cost);
+                }
+                ev
+            }
+            Algorithm::SlidingLog { limit, window_ms } => {
+                self.eval_log(target, limit, window_ms, e, cost, ctx)
+            }
         }
+    }
+
+    /// A sliding log: this node's own admissions in the window against its holdings
+    /// (strict), or everyone's against the limit (optimistic).
+    fn eval_log(
+        &self,
+        target: &Target<'_>,
+        limit: u64,
+        window_ms: u64,
+        e: u64,
+        cost: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> Evaluation {
+        let now = ctx.now;
+        let (counted, held, used, available, allowance) = match ctx.view.consistency {
+            Consistency::Strict => {
+                let held = holdings(
+                    target.static_share(ctx.me, ctx.replicas),
+                    &self.crdt.holdings,
+                    ctx.me,
+                );
+                let used = self.log_used(now, window_ms, Some(ctx.me));
+                (
+                    Some(ctx.me),
+                    held,
+                    used,
+                    held.saturating_sub(used),
+                    Allowance::default(),
+                )
+            }
+            Consistency::Optimistic => {
+                let used = assumed_usage(
+                    ctx,
+                    target,
+                    |n| u128::from(self.log_used(now, window_ms, Some(n))),
+                    1,
+                )
+                .min(u128::from(u64::MAX)) as u64;
+                let left = i128::from(limit) - i128::from(used);
+                let allowance = self.allowance(left, e, ctx);
+                let room = left.min(allowance_room(&allowance, limit, ctx)).max(0) as u64;
+                (None, limit, used, room, allowance)
+            }
+        };
+        let need = cost.max(threshold(target.min_fill_ppm, held));
+        let would_allow = available >= need;
+        let entries = || {
+            self.log_window(now, window_ms)
+                .map(|s| (s.epoch, entry_net(s, counted)))
+        };
+        let retry_after_ms = if would_allow {
+            0
+        } else {
+            log_retry(entries(), used, held, need, now, window_ms).unwrap_or(window_ms)
+        };
+        // Back to the limit when the newest entry has left the window.
+        let newest = entries().rev().find(|&(_, n)| n > 0).map(|(t, _)| t);
+        let kept = newest.map_or(0, |t| (t + window_ms).saturating_sub(now));
+        Evaluation::decided(
+            would_allow,
+            available,
+            Reset::Known {
+                taken: if cost > 0 { window_ms } else { kept },
+                kept,
+            },
+            retry_after_ms,
+            e,
+            allowance,
+        )
     }
 
     fn eval_window(
@@ -206,20 +330,38 @@ impl KeyState {
         let would_allow = available >= need;
         let until_end = algo.epoch_end(e) - ctx.now;
         let reset = |used: u64| if used > 0 { until_end } else { 0 };
+        // Strict: a deny while the cluster has room is this node holding too little; it asks
+        // for rights, and the caller may retry once they can have arrived. An admission that
+        // leaves too little for the next check like it asks too, so that sporadic demand,
+        // which never makes a forecast, finds rights at its next request.
+        let room = limit.saturating_sub(global);
+        let asks_rights = ctx.view.consistency == Consistency::Strict
+            && if would_allow {
+                available - cost < need && room >= need.saturating_add(cost)
+            } else {
+                room >= need
+            };
+        let retry_after_ms = match (would_allow, asks_rights) {
+            (true, _) => 0,
+            (false, true) => until_end.clamp(1, RIGHTS_RETRY_MS),
+            (false, false) => until_end.max(1),
+        };
         Evaluation {
-            would_allow,
-            available,
-            reset: Reset::Known {
-                taken: reset(global + cost),
-                kept: reset(global),
-            },
-            retry_after_ms: if would_allow { 0 } else { until_end.max(1) },
-            epoch: e,
-            level_nt: 0,
-            allowance,
             claim,
             resend_claim,
             next_claim,
+            asks_rights,
+            ..Evaluation::decided(
+                would_allow,
+                available,
+                Reset::Known {
+                    taken: reset(global.saturating_add(cost)),
+                    kept: reset(global),
+                },
+                retry_after_ms,
+                e,
+                allowance,
+            )
         }
     }
 
@@ -287,159 +429,60 @@ impl KeyState {
                 0
             }
         };
-        Evaluation {
+        Evaluation::decided(
             would_allow,
             available,
-            reset: Reset::Known {
+            Reset::Known {
                 taken: reset(cur_me + u128::from(cost)),
                 kept: reset(cur_me),
             },
             retry_after_ms,
-            epoch: e,
-            level_nt: 0,
+            e,
             allowance,
-            claim: None,
-            resend_claim: false,
-            next_claim: None,
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn eval_bucket(
-        &self,
-        target: &Target<'_>,
-        rate: u64,
-        per_ms: u64,
-        burst: u64,
-        e: u64,
-        cost: u64,
-        ctx: &DecideCtx<'_>,
-    ) -> Evaluation {
-        let (level, units) = self.own_level(target, ctx);
-        let cap = i128::from(units) * NANO;
-        let cost_nt = i128::from(cost) * NANO;
-        match ctx.view.consistency {
-            Consistency::Strict => {
-                let need_nt = cost_nt.max(i128::from(threshold(target.min_fill_ppm, units)) * NANO);
-                let would_allow = level >= need_nt;
-                let available = tokens_of(level);
-                // This node's refill covers a deficit in `deficit × burst × per / (units × rate)`.
-                let mul = u128::from(burst) * u128::from(per_ms);
-                let div = u128::from(units) * u128::from(rate) * NANO as u128;
-                let retry_after_ms = if would_allow {
-                    0
-                } else if need_nt <= cap {
-                    ceil_mul_div((need_nt - level) as u128, mul, div).max(1)
-                } else {
-                    // The node holds too little to ever grant the cost by itself: the time the
-                    // whole bucket would need.
-                    ceil_mul_div(
-                        need_nt as u128,
-                        u128::from(per_ms),
-                        u128::from(rate) * NANO as u128,
-                    )
-                    .max(1)
-                };
-                let reset = if units == 0 {
-                    Reset::Known { taken: 0, kept: 0 }
-                } else {
-                    Reset::Refill {
-                        deficit_nt: (cap - level).max(0),
-                        cost_nt,
-                        mul,
-                        div,
-                    }
-                };
-                Evaluation {
-                    would_allow,
-                    available,
-                    reset,
-                    retry_after_ms,
-                    epoch: e,
-                    level_nt: level,
-                    allowance: Allowance::default(),
-                    claim: None,
-                    resend_claim: false,
-                    next_claim: None,
-                }
-            }
-            Consistency::Optimistic => {
-                let global = self.global_level(target, rate, per_ms, burst, ctx);
-                let allowance = self.allowance(global, e, ctx);
-                let room = global.min(allowance_room(&allowance, i128::from(burst) * NANO, ctx));
-                let need_nt = cost_nt.max(i128::from(threshold(target.min_fill_ppm, burst)) * NANO);
-                let would_allow = room >= need_nt;
-                let available = tokens_of(room);
-                let mul = u128::from(per_ms);
-                let div = u128::from(rate) * NANO as u128;
-                let retry_after_ms = if would_allow {
-                    0
-                } else {
-                    ceil_mul_div((need_nt - global).max(0) as u128, mul, div).max(1)
-                };
-                let deficit_nt = (i128::from(burst) * NANO - global).max(0);
-                Evaluation {
-                    would_allow,
-                    available,
-                    reset: Reset::Refill {
-                        deficit_nt,
-                        cost_nt,
-                        mul,
-                        div,
-                    },
-                    retry_after_ms,
-                    epoch: e,
-                    level_nt: level,
-                    allowance,
-                    claim: None,
-                    resend_claim: false,
-                    next_claim: None,
-                }
-            }
-        }
-    }
-
-    /// Optimistic mode: the global bucket level, summing every node's projected sub-bucket;
-    /// a node of an unreachable region counts as having spent its whole share.
-    fn global_level(
-        &self,
-        target: &Target<'_>,
-        rate: u64,
-        per_ms: u64,
-        burst: u64,
-        ctx: &DecideCtx<'_>,
-    ) -> i128 {
-        let replicas = ctx.replicas;
-        if replicas.len() == 1 {
-            return self.own_level(target, ctx).0;
-        }
-        let base = target.static_split(replicas);
-        let mut total = 0i128;
-        for n in replicas.nodes() {
-            let units = base[n.0 as usize];
-            let level = sub_bucket_level(
-                self.crdt.buckets.get(n),
-                units,
-                units,
-                (rate, per_ms, burst),
-                ctx.now,
-            );
-            let reachable = n == ctx.me || !ctx.view.unreachable.contains(replicas.region_of(n));
-            total += if reachable { level } else { level.min(0) };
-        }
-        total
+        )
     }
 
     /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
-    fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
+    pub(super) fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
         let kept = self.optimistic().map(|o| o.allowance);
         Allowance::in_force(kept, left_now, epoch, ctx.view.sync_gen)
     }
 }
 
+/// A leaky bucket's delay for an admitted request, nginx `limit_req`'s: the bucket is a token
+/// bucket of `queue + 1`, so what the request leaves empty beyond the one that proceeds now is
+/// nginx's `excess` — the requests queued ahead of the next one. The first `delay` of them
+/// proceed at once; beyond, the request waits until the bucket has drained down to `delay`
+/// at the rate (rounded up to the millisecond). In strict mode the node's sub-bucket holds
+/// `units` of the capacity and drains at `units / burst` of the rate, and `delay` is scaled
+/// to it the same way (on a single node, or an owner holding the whole bucket, it is nginx's).
+fn shaping_delay(
+    ev: &Evaluation,
+    shaping: Shaping,
+    (rate, per_ms, burst): (u64, u64, u64),
+    cost: u64,
+) -> u64 {
+    let units = ev.bucket_units;
+    if units == 0 {
+        return 0;
+    }
+    let after = ev.bucket_level_nt - i128::from(cost) * NANO;
+    let excess = (i128::from(units) - 1) * NANO - after;
+    let free = i128::from(shaping.delay) * NANO * i128::from(units) / i128::from(burst);
+    let waiting = excess - free;
+    if waiting <= 0 {
+        return 0;
+    }
+    // The sub-bucket (or, optimistic, the whole bucket) drains `units × rate / burst` per
+    // `per_ms`.
+    let mul = u128::from(per_ms) * u128::from(burst);
+    let div = u128::from(rate) * u128::from(units) * NANO as u128;
+    ceil_mul_div(waiting as u128, mul, div)
+}
+
 /// The threshold of a class (threshold method): `min_fill` of the capacity, rounded up.
 #[inline]
-fn threshold(min_fill_ppm: u32, capacity: u64) -> u64 {
+pub(super) fn threshold(min_fill_ppm: u32, capacity: u64) -> u64 {
     if min_fill_ppm == 0 {
         return 0;
     }

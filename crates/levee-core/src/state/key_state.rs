@@ -41,7 +41,16 @@ pub(super) struct DemandBook {
     pub(super) forecast: Forecast,
     /// Optimistic mode's bookkeeping (strict keys never allocate it).
     pub(super) optimistic: Option<Box<OptimisticBook>>,
+    /// Strict mode: tokens this node denied because it held too little while the cluster,
+    /// as it sees it, had room (a deny that asks for rights), and when it last did. Published
+    /// as demand until what it holds covers them or they are [`UNMET_TTL_MS`] old.
+    pub(super) unmet: (u64, Millis),
+    /// When the forecast last sampled requests (its clock when it did).
+    pub(super) last_demand: Millis,
 }
+
+/// How long a deny's ask for rights stays published without a new deny.
+pub(super) const UNMET_TTL_MS: Millis = 2_000;
 
 /// Optimistic mode's private bookkeeping for one key.
 #[derive(Debug, Clone, Default)]
@@ -96,6 +105,10 @@ impl KeyState {
 
     /// Drops epochs past retention. Returns whether the key holds nothing any more.
     pub fn prune(&mut self, algo: &Algorithm, now: Millis) -> bool {
+        if let Algorithm::SlidingLog { limit, window_ms } = *algo {
+            self.prune_log(now, window_ms, limit);
+            return self.crdt.is_empty();
+        }
         let (oldest, newest) = retained_range(algo, now);
         self.crdt.retain_epochs(oldest, newest);
         self.crdt.is_empty()
@@ -107,6 +120,8 @@ impl KeyState {
             Box::new(DemandBook {
                 forecast: Forecast::starting_at(now),
                 optimistic: None,
+                unmet: (0, 0),
+                last_demand: now,
             })
         })
     }
@@ -140,6 +155,9 @@ impl KeyState {
             Some(c) => {
                 if c.forecast.sample(now, requested, epoch_len) {
                     self.requested = 0;
+                    if requested > 0 {
+                        c.last_demand = now;
+                    }
                 }
             }
             None if requested == 0 => {}
@@ -159,6 +177,7 @@ impl KeyState {
             rate,
             per_ms,
             burst,
+            ..
         } = *target.algorithm
         else {
             return (0, 0);
@@ -186,7 +205,11 @@ impl KeyState {
 
 /// Epochs a key keeps: a few past ones (late deltas, the sliding window's previous one) and
 /// the next one (rights given ahead of time).
+/// A sliding log keeps milliseconds instead (see `log`).
 pub(super) fn retained_range(algo: &Algorithm, now: Millis) -> (u64, u64) {
+    if let Algorithm::SlidingLog { window_ms, .. } = *algo {
+        return super::log::log_range(now, window_ms);
+    }
     let e = algo.epoch(now);
     (e.saturating_sub(algo.retained_epochs() - 1), e + 1)
 }

@@ -24,6 +24,12 @@
 //! window. Rights are continuous (usage carries from one epoch into the next): node *n* admits
 //! while `cur[n] + prev[n] × overlap ≤ holdings[n]`.
 //!
+//! *Sliding logs* keep the key's slots as a log: one slot per millisecond that admitted
+//! something, each with every node's tally, pruned once the window has passed. Rights are
+//! continuous, as for sliding windows: node *n* admits while its own net admissions in the
+//! last window plus the cost stay within `holdings[n]`; the holdings sum to the limit, so
+//! the cluster never admits more than `limit` in any window. On one node this is exact.
+//!
 //! *Token buckets* are split into per-node sub-buckets: a node holding `h` of the `burst`
 //! units has capacity `h` and refills at `h × rate / burst`. Transfers move capacity and
 //! refill together, so the sub-buckets always sum to at most the global bucket and the
@@ -40,22 +46,27 @@
 //!
 //! * `key_state`: what a [`KeyState`] holds, and its out-of-line part.
 //! * `decide`: [`KeyState::decide`], [`decide_all`], [`KeyState::refund`] and the answer.
-//! * `evaluate`: one check evaluated per algorithm and mode, before anything is committed.
+//! * `evaluate`: one check evaluated per algorithm and mode, before anything is committed;
+//!   `bucket_eval`: the token (and leaky) bucket's part of it.
+//! * `log`: a sliding log's entries, their window and pruning.
 //! * `claim`: optimistic mode's claim rounds (fixed windows and quotas).
 //! * `allowance`: optimistic mode's budget between two syncs (sliding windows, buckets).
 //! * `delta`: [`KeyState::merge`] and [`KeyState::take_delta`].
 //! * `rebalance`: [`KeyState::rebalance`], the key's side of [`crate::escrow`].
 //! * `usage`: [`KeyState::usage`].
 //!
-//! Their dependencies run one way: `allowance` ← `key_state` ← `claim` ← `evaluate` ←
-//! `decide`; `delta`, `rebalance` and `usage` build on `key_state` alone.
+//! Their dependencies run one way: `allowance` ← `key_state` ← `claim` ← `evaluate` (and
+//! `bucket_eval`) ← `decide`; `log` ← `evaluate`; `delta`, `rebalance` and `usage` build on `key_state` (and
+//! `log`).
 
 mod allowance;
+mod bucket_eval;
 mod claim;
 mod decide;
 mod delta;
 mod evaluate;
 mod key_state;
+mod log;
 mod rebalance;
 mod usage;
 
@@ -63,5 +74,6 @@ pub use crate::rights::NANO;
 pub use claim::CLAIM_GRACE_MS;
 pub use decide::decide_all;
 pub use delta::MergeError;
-pub use evaluate::RECOVERY_RETRY_MS;
+pub use evaluate::{RECOVERY_RETRY_MS, RIGHTS_RETRY_MS};
 pub use key_state::KeyState;
+pub use log::LOG_AHEAD_MS;

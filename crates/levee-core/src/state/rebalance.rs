@@ -1,11 +1,19 @@
 //! A key's part in strict mode's escrow: sampling this node's demand, publishing it, and
 //! giving spare rights toward the demand of others ([`crate::escrow`] decides where).
 
+use crate::crdt::Tally;
 use crate::decision::Consistency;
-use crate::escrow::{self, RebalanceCtx};
+use crate::escrow::{self, HORIZON_MS, PRESS_MS, RebalanceCtx};
+use crate::forecast::Forecast;
+use crate::rights::holdings;
 use crate::rule::Target;
+use crate::time::Millis;
 
-use super::key_state::KeyState;
+use super::key_state::{DemandBook, KeyState, UNMET_TTL_MS};
+
+/// In a long window, demand that paused this long is not kept for: what the node holds
+/// beyond its use goes where requests wait, or home.
+const PAUSE_MS: Millis = 500;
 
 impl KeyState {
     /// Updates this node's demand forecast and, in strict mode, gives spare rights toward
@@ -16,10 +24,25 @@ impl KeyState {
         let now = ctx.now;
         let epoch_len = algo.epoch_len(now);
         self.sample_forecast(now, epoch_len);
-        let forecast = match self.forecast() {
-            Some(f) if ctx.owner == ctx.me => f.expected(epoch_len),
+        let own = match self.demand_book.as_deref() {
+            // In a long window, demand that paused for longer than it presses is not kept
+            // for: what the node holds beyond its use goes where requests wait (its forecast
+            // comes back with its next requests).
+            Some(b) if epoch_len > HORIZON_MS && now.saturating_sub(b.last_demand) > PAUSE_MS => 0,
+            Some(b) if ctx.owner == ctx.me => b.forecast.expected(epoch_len),
             _ => 0,
         };
+        let inherited = ctx
+            .inherit_from
+            .filter(|_| ctx.owner == ctx.me)
+            .and_then(|n| self.crdt.demand.get(n))
+            .map_or(0, |r| r.forecast);
+        let asked = if ctx.owner == ctx.me {
+            self.unmet_forecast(target, ctx)
+        } else {
+            0
+        };
+        let forecast = own.max(inherited).max(asked);
         if escrow::publish_demand(&mut self.crdt, algo, ctx.me, now, forecast) {
             self.pending.demand = true;
         }
@@ -31,5 +54,61 @@ impl KeyState {
         self.pending.holdings |= gifts.holdings;
         self.pending.bucket |= gifts.bucket;
         gifts.given
+    }
+
+    /// Strict mode: a check of `cost` was denied because this node held too little while the
+    /// cluster had room. The shortfall is published as demand at the next interval (whether
+    /// or not the key has a forecast yet: sporadic demand never makes one), so that donors
+    /// give toward it and the next request finds rights.
+    pub(super) fn ask_rights(&mut self, cost: u64, capacity: u64, now: Millis) {
+        let book = self.demand_book.get_or_insert_with(|| {
+            // A forecast not started: its first sample only starts its clock, as for a key
+            // seen in one interval (a single deny is no rate).
+            Box::new(DemandBook {
+                forecast: Forecast::default(),
+                optimistic: None,
+                unmet: (0, 0),
+                last_demand: now,
+            })
+        });
+        let (unmet, at) = book.unmet;
+        let unmet = if now.saturating_sub(at) > UNMET_TTL_MS {
+            0
+        } else {
+            unmet
+        };
+        book.unmet = (unmet.saturating_add(cost).min(capacity), now);
+    }
+
+    /// The forecast (tokens per epoch) that makes donors see this node's unmet demand as a
+    /// need: `unmet` more than it used, over the horizon they forecast. Clears the unmet
+    /// demand once what the node holds covers it, or once it is old.
+    fn unmet_forecast(&mut self, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
+        let algo = target.algorithm;
+        let now = ctx.now;
+        let Some(book) = self.demand_book.as_deref_mut() else {
+            return 0;
+        };
+        let (unmet, at) = book.unmet;
+        if unmet == 0 {
+            return 0;
+        }
+        let covered = algo.rights_per_epoch() && {
+            let e = algo.epoch(now);
+            let slot = self.crdt.slot(e);
+            let base = target.static_share(ctx.me, ctx.replicas);
+            let held = slot.map_or(base, |s| holdings(base, &s.transfers, ctx.me));
+            let used = slot
+                .and_then(|s| s.tallies.get(ctx.me))
+                .map_or(0, Tally::net);
+            held.saturating_sub(used) >= unmet
+        };
+        if covered || now.saturating_sub(at) > UNMET_TTL_MS {
+            book.unmet = (0, 0);
+            return 0;
+        }
+        let len = algo.epoch_len(now).max(1);
+        let ahead = len.clamp(1, PRESS_MS);
+        (u128::from(unmet) * u128::from(len)).div_ceil(u128::from(ahead)) as u64
     }
 }

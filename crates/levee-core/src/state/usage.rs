@@ -23,11 +23,11 @@ impl KeyState {
                 if let Some(slot) = self.crdt.slot(e) {
                     for (n, t) in slot.tallies.iter() {
                         if let Some(r) = regions.get_mut(region_index(replicas, n)) {
-                            *r += t.net();
+                            *r = r.saturating_add(t.net());
                         }
                     }
                 }
-                let used: u64 = regions.iter().sum();
+                let used = regions.iter().fold(0u64, |s, r| s.saturating_add(*r));
                 reset_after_ms = if used > 0 { algo.epoch_end(e) - now } else { 0 };
             }
             Algorithm::SlidingWindow { window_ms, .. } => {
@@ -65,10 +65,25 @@ impl KeyState {
                     0
                 };
             }
+            Algorithm::SlidingLog { window_ms, .. } => {
+                let mut newest = None;
+                for slot in self.log_window(now, window_ms) {
+                    for (n, t) in slot.tallies.iter() {
+                        if let Some(r) = regions.get_mut(region_index(replicas, n)) {
+                            *r = r.saturating_add(t.net());
+                        }
+                        if t.net() > 0 {
+                            newest = Some(slot.epoch);
+                        }
+                    }
+                }
+                reset_after_ms = newest.map_or(0, |t| (t + window_ms).saturating_sub(now));
+            }
             Algorithm::TokenBucket {
                 rate,
                 per_ms,
                 burst,
+                ..
             } => {
                 let base = replicas.split(burst);
                 let mut deficit_total: i128 = 0;
@@ -85,14 +100,17 @@ impl KeyState {
                     let deficit = (cap - level).max(0);
                     deficit_total += deficit;
                     if let Some(r) = regions.get_mut(region_index(replicas, n)) {
-                        *r += ceil_div(deficit, NANO) as u64;
+                        *r = r.saturating_add(ceil_div(deficit, NANO) as u64);
                     }
                 }
                 reset_after_ms =
                     ceil_div(deficit_total * i128::from(per_ms), i128::from(rate) * NANO) as u64;
             }
         }
-        let used: u64 = regions.iter().sum::<u64>().min(limit);
+        let used = regions
+            .iter()
+            .fold(0u64, |s, r| s.saturating_add(*r))
+            .min(limit);
         Usage {
             limit,
             used,

@@ -10,12 +10,13 @@
 //! [`authz_response`], [`authz_done`]. That path is what gateways call on every request they
 //! pass. Its pieces, the answer's header map included, stay in this one file: a module is
 //! compiled in one codegen unit, where they can be inlined into each other (moving the header
-//! map to `headers.rs` put a call back on the path).
+//! map to `headers.rs` put a call back on the path). Keys taken from the client's address or
+//! from several parts of the request (`key_from = "ip"` or a list) are found in `key_from.rs`.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Path, Query, State};
@@ -26,31 +27,126 @@ use levee_core::rule::KeyFrom;
 use serde::Deserialize;
 
 use super::headers::{RATE_LIMIT_NAMES, rate_limit_values};
+use super::key_from::{client_ip, composite_key};
 use crate::app::App;
 use crate::limiter::{ApiError, CheckRef, Outcome};
 use crate::metrics::Endpoint;
 
-#[derive(Deserialize)]
+/// The query of `/v1/authz/{rule}`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct AuthzQuery {
+    /// The status of a denial instead of 429: a 4xx code.
+    #[param(value_type = Option<u16>, minimum = 400, maximum = 499, nullable = false)]
     deny_status: Option<String>,
+}
+
+/// The body of an `/v1/authz` denial, as [`authz_response`] writes it.
+#[derive(serde::Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AuthzDenial)]
+#[cfg_attr(not(test), allow(dead_code))] // Written by hand; read back by the tests.
+pub(super) struct AuthzDenial {
+    /// `rate_limited`.
+    pub(super) error: String,
+    /// Milliseconds after which the same request can succeed.
+    pub(super) retry_after_ms: u64,
+}
+
+/// The body of an `/v1/authz` refusal of a key on the rule's deny list (always `403`).
+#[derive(serde::Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AuthzListedDenial)]
+#[cfg_attr(not(test), allow(dead_code))] // Written by hand; read back by the tests.
+pub(super) struct AuthzListedDenial {
+    /// `denied`.
+    pub(super) error: String,
+}
+
+/// What a `403` of `/v1/authz` may be: a key on the deny list, or a denial with
+/// `deny_status=403` (a schema only: both are written by [`authz_response`]).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[schema(as = AuthzForbidden)]
+#[allow(dead_code)]
+pub(super) enum AuthzForbidden {
+    /// The key is on the rule's deny list.
+    Listed(AuthzListedDenial),
+    /// Denied, with `deny_status=403`.
+    Denied(AuthzDenial),
+}
+
+/// What a 4xx answer of `/v1/authz` may be when `deny_status` names its status: an error, or
+/// a denial with that status (a schema only: the two are written by `error_response` and
+/// [`authz_response`]).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[schema(as = AuthzRefusal)]
+#[allow(dead_code)]
+pub(super) enum AuthzRefusal<'a> {
+    /// An error.
+    Error(super::response::ErrorJson<'a>),
+    /// A denial.
+    Denied(AuthzDenial),
 }
 
 /// `/v1/authz/{rule}` through the router: requests with a query string (`deny_status`), a
 /// rule name that needs percent-decoding, and every request of a node in a cluster (where the
 /// decision may wait on the key's owner). The others take the direct path of `Api`
 /// (`mod.rs`); both answer alike.
+#[utoipa::path(
+    method(get, head, post, put, delete, patch, options, trace),
+    path = "/v1/authz/{rule}",
+    tag = "gateways",
+    summary = "Forward authentication for gateways",
+    params(
+        ("rule" = String, Path, description = "a rule of the node's configuration"),
+        AuthzQuery,
+        ("X-RateLimit-Cost" = Option<u64>, Header, nullable = false, description = "tokens the request takes (default 1)"),
+        ("X-RateLimit-Class" = Option<String>, Header, nullable = false, description = "the consumer class"),
+    ),
+    responses(
+        (status = 200, description = "allowed (empty body)", headers(
+            ("RateLimit-Policy" = String, description = "`\"rule\";q=limit;w=window_secs`"),
+            ("RateLimit" = String, description = "`\"rule\";r=remaining;t=reset_secs`"),
+            ("X-RateLimit-Limit" = u64, description = "the limit"),
+            ("X-RateLimit-Remaining" = u64, description = "the remaining tokens"),
+            ("X-RateLimit-Reset" = u64, description = "seconds until the reset"),
+            ("Retry-After" = u64, description = "on a denial: seconds to wait"),
+        )),
+        (status = 429, description = "denied (or the `deny_status` asked for)", body = AuthzDenial, headers(
+            ("RateLimit-Policy" = String, description = "`\"rule\";q=limit;w=window_secs`"),
+            ("RateLimit" = String, description = "`\"rule\";r=remaining;t=reset_secs`"),
+            ("X-RateLimit-Limit" = u64, description = "the limit"),
+            ("X-RateLimit-Remaining" = u64, description = "the remaining tokens"),
+            ("X-RateLimit-Reset" = u64, description = "seconds until the reset"),
+            ("Retry-After" = u64, description = "on a denial: seconds to wait"),
+        )),
+        (status = 400, description = "the rule's key header is missing (`missing_key`), a wrong cost, or a wrong `deny_status`; or denied with `deny_status=400`", body = AuthzRefusal<'_>),
+        (status = 403, description = "the key is on the rule's deny list (`{\"error\": \"denied\"}`); or denied with `deny_status=403`", body = AuthzForbidden),
+        (status = 404, description = "no such rule; or denied with `deny_status=404`", body = AuthzRefusal<'_>),
+        (status = "4XX", description = "denied with the `deny_status` asked for", body = AuthzDenial),
+    ),
+)]
 pub(super) async fn authz(
     State(app): State<Arc<App>>,
     Path(rule): Path<String>,
     Query(q): Query<AuthzQuery>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: http::Method,
+    uri: http::Uri,
     headers: HeaderMap,
 ) -> Response {
     let started = Instant::now();
     let resp = match deny_status(q.deny_status.as_deref()) {
-        Ok(status) => match authz_input(&app, &rule, peer, &headers) {
+        Ok(status) => match authz_input(&app, &rule, peer, (&method, &uri, &headers)) {
             Ok(input) => match app.check(input.check(&rule)).await {
-                Ok(out) => authz_response(&rule, &out, status).map(Body::new),
+                Ok(out) => {
+                    if let Some(hold) = authz_hold(&app, started, &out) {
+                        tokio::time::sleep(hold).await;
+                    }
+                    authz_response(&rule, &out, status).map(Body::new)
+                }
                 Err(e) => e.into_response(),
             },
             Err(e) => e.into_response(),
@@ -59,6 +155,20 @@ pub(super) async fn authz(
     };
     authz_done(&app, started, resp.status());
     resp
+}
+
+/// How long an allowed `/v1/authz` answer is held: a leaky bucket's `delay_ms`, so that the
+/// gateway passes the request on when the bucket releases it — but never past
+/// `api.request_timeout` (less a margin of a tenth of it, at most 50 ms, for the answer to
+/// go out): a longer delay is cut short there. `None` when there is nothing to wait for.
+pub(super) fn authz_hold(app: &App, started: Instant, out: &Outcome) -> Option<Duration> {
+    let delay = out.delay_ms().filter(|&d| d > 0 && out.decision.allowed)?;
+    let timeout = app.request_timeout();
+    let margin = (timeout / 10).min(Duration::from_millis(50));
+    let budget = timeout
+        .saturating_sub(margin)
+        .saturating_sub(started.elapsed());
+    Some(Duration::from_millis(delay).min(budget)).filter(|d| !d.is_zero())
 }
 
 /// Records the metrics of an `/v1/authz` answer.
@@ -117,14 +227,17 @@ impl AuthzInput<'_> {
     }
 }
 
+/// The parts of an `/v1/authz` request its key may be made of: method, URI and headers.
+pub(super) type AuthzRequest<'a> = (&'a http::Method, &'a http::Uri, &'a HeaderMap);
+
 /// Reads the key, cost and class of an `/v1/authz/{rule}` request: `404 unknown_rule`,
-/// `400 missing_key` when the rule's key header is absent or empty, `400 invalid_request`
-/// for a cost that is not a non-negative integer.
+/// `400 missing_key` when the rule's key header (or a part of a composite key) is absent or
+/// empty, `400 invalid_request` for a cost that is not a non-negative integer.
 pub(super) fn authz_input<'a>(
     app: &App,
     rule: &str,
     peer: SocketAddr,
-    headers: &'a HeaderMap,
+    (method, uri, headers): AuthzRequest<'a>,
 ) -> Result<AuthzInput<'a>, ApiError> {
     let rules = app.limiter.rules();
     let entry = rules.by_name.get(rule).ok_or_else(|| ApiError {
@@ -134,7 +247,7 @@ pub(super) fn authz_input<'a>(
     })?;
     let key_header = match &entry.rule.key_from {
         Some(KeyFrom::Header(name)) => Some(name.as_str()),
-        Some(KeyFrom::Ip) | None => None,
+        Some(KeyFrom::Ip | KeyFrom::Parts(_)) | None => None,
     };
     // One pass over the request's few headers instead of a hashed lookup per name; the first
     // value of each name counts, as `HeaderMap::get` would return it.
@@ -162,7 +275,15 @@ pub(super) fn authz_input<'a>(
                 code: "missing_key",
                 message: format!("header {name}: missing or empty"),
             })?,
-        None => client_ip(headers, peer),
+        None => match &entry.rule.key_from {
+            Some(KeyFrom::Parts(parts)) => Cow::Owned(composite_key(
+                parts,
+                (method, uri, headers),
+                peer,
+                &app.config.load().api.trusted_proxies,
+            )?),
+            _ => client_ip(headers, peer, &app.config.load().api.trusted_proxies)?,
+        },
     };
     let cost = match cost {
         None => 1,
@@ -187,6 +308,11 @@ pub(super) fn authz_response(
 ) -> http::Response<Full<Bytes>> {
     let mut resp = if out.decision.allowed {
         http::Response::new(Full::new(Bytes::new()))
+    } else if out.list == Some(crate::limiter::List::Deny) {
+        // On the deny list: refused for good, whatever the rule's deny status.
+        let mut resp = http::Response::new(Full::new(Bytes::from_static(br#"{"error":"denied"}"#)));
+        *resp.status_mut() = StatusCode::FORBIDDEN;
+        resp
     } else {
         let mut n = itoa::Buffer::new();
         let retry = n.format(out.decision.retry_after_ms);
@@ -258,25 +384,6 @@ fn authz_headers(rule: &str, o: &Outcome) -> HeaderMap {
     headers
 }
 
-/// The client's address: the first `X-Forwarded-For` entry, else `X-Real-IP`, else the peer.
-fn client_ip(headers: &HeaderMap, peer: SocketAddr) -> Cow<'_, str> {
-    let forwarded = headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(',').next())
-        .map(str::trim)
-        .filter(|v| !v.is_empty());
-    let real = headers
-        .get("x-real-ip")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty());
-    match forwarded.or(real) {
-        Some(ip) => Cow::Borrowed(ip),
-        None => Cow::Owned(peer.ip().to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,8 +400,12 @@ mod tests {
                 retry_after_ms: if allowed { 0 } else { 2_300 },
                 mode: levee_core::RuleMode::Enforce,
                 degraded: false,
+                delay_ms: 0,
             },
             window_secs: 60,
+            local_remaining: Some(1),
+            shaped: false,
+            list: None,
         }
     }
 
@@ -302,6 +413,38 @@ mod tests {
         h.iter()
             .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_denial_body_is_what_the_document_says() {
+        use http_body_util::BodyExt;
+        let resp = authz_response("api", &outcome(false), StatusCode::TOO_MANY_REQUESTS);
+        let Ok(collected) = block_on(resp.into_body().collect());
+        let bytes = collected.to_bytes();
+        // `AuthzDenial` refuses unknown fields: the hand-written body has exactly its fields.
+        let body: AuthzDenial = serde_json::from_slice(&bytes).expect("an AuthzDenial");
+        assert_eq!(
+            (body.error.as_str(), body.retry_after_ms),
+            ("rate_limited", 2_300)
+        );
+        // A key on the deny list: 403 and the body of `AuthzListedDenial`, whatever the rule's
+        // deny status.
+        let mut listed = outcome(false);
+        listed.list = Some(crate::limiter::List::Deny);
+        let resp = authz_response("api", &listed, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        let Ok(collected) = block_on(resp.into_body().collect());
+        let body: AuthzListedDenial =
+            serde_json::from_slice(&collected.to_bytes()).expect("an AuthzListedDenial");
+        assert_eq!(body.error, "denied");
+    }
+
+    /// Polls a future that is ready at once (a full body).
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
     }
 
     #[test]
@@ -337,19 +480,5 @@ mod tests {
         );
         assert_eq!(denied[2], ("ratelimit".into(), "\"api\";r=0;t=2".into()));
         assert_eq!(denied[6], ("retry-after".into(), "3".into()));
-    }
-
-    #[test]
-    fn the_client_ip_prefers_forwarded_headers() {
-        let peer: SocketAddr = "10.0.0.9:4000".parse().unwrap();
-        let mut h = HeaderMap::new();
-        assert_eq!(client_ip(&h, peer), "10.0.0.9");
-        h.insert("x-real-ip", HeaderValue::from_static("198.51.100.2"));
-        assert_eq!(client_ip(&h, peer), "198.51.100.2");
-        h.insert(
-            "x-forwarded-for",
-            HeaderValue::from_static("203.0.113.7, 10.0.0.1"),
-        );
-        assert_eq!(client_ip(&h, peer), "203.0.113.7");
     }
 }

@@ -66,15 +66,10 @@ fn batch_checks_fast(bytes: &[u8]) -> Option<Vec<FastCheck<'_>>> {
 /// The checks of a batch body as owned values, through `serde_json::Value` and
 /// `serde_path_to_error`: slower, and the reference for what a body means and how a wrong
 /// one is explained (the path of the field, the first wrong check first).
-fn batch_checks_slow(app: &App, bytes: &[u8]) -> Result<Vec<CheckBody>, ApiError> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct BatchBody {
-        checks: Vec<serde_json::Value>,
-    }
+fn batch_checks_slow(max_batch: usize, bytes: &[u8]) -> Result<Vec<CheckBody>, ApiError> {
     let body: BatchBody = decode(bytes)?;
-    if body.checks.len() > app.max_batch() {
-        return Err(too_many_checks(app, body.checks.len()));
+    if body.checks.len() > max_batch {
+        return Err(too_many_checks(max_batch, body.checks.len()));
     }
     let mut checks = Vec::with_capacity(body.checks.len());
     for (i, v) in body.checks.into_iter().enumerate() {
@@ -98,15 +93,70 @@ fn batch_checks_slow(app: &App, bytes: &[u8]) -> Result<Vec<CheckBody>, ApiError
     Ok(checks)
 }
 
-fn too_many_checks(app: &App, n: usize) -> ApiError {
-    ApiError::invalid(format!(
-        "checks: {n} checks, at most {} allowed",
-        app.max_batch()
-    ))
+/// The body of `POST /v1/check/batch` as the reference decoding reads it: each check is then
+/// read as a [`CheckBody`] (without `all`).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Batch)]
+struct BatchBody {
+    /// The checks, at most `api.max_batch`; each as the body of `/v1/check`, without `all`.
+    #[schema(value_type = Vec<super::request::BatchCheck>)]
+    checks: Vec<serde_json::Value>,
+}
+
+fn too_many_checks(max_batch: usize, n: usize) -> ApiError {
+    ApiError::invalid(format!("checks: {n} checks, at most {max_batch} allowed"))
+}
+
+/// The fuzzing entry point of a batch body (`fuzz/`, target `http_bodies`): both ways of
+/// reading it, and the checks each validates. When the fast path reads a body, the reference
+/// must read the same checks; it panics if they differ.
+#[doc(hidden)]
+pub fn fuzz_batch_body(bytes: &[u8], max_batch: usize) {
+    let slow = batch_checks_slow(max_batch, bytes);
+    let Some(fast) = batch_checks_fast(bytes) else {
+        return;
+    };
+    let fast: Vec<Result<CheckRef<'_>, ApiError>> = fast
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            batch_check(
+                i,
+                c.rule,
+                c.key,
+                c.cost,
+                c.class,
+                c.idempotency_key,
+                c.dry_run,
+                c.all.is_some(),
+            )
+        })
+        .collect();
+    if fast.len() > max_batch {
+        assert!(
+            slow.is_err(),
+            "the reference read more than {max_batch} checks"
+        );
+        return;
+    }
+    let slow =
+        slow.unwrap_or_else(|e| panic!("the fast path read a body the reference refuses: {e:?}"));
+    assert_eq!(fast.len(), slow.len());
+    for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+        match (f, s.check_ref(i)) {
+            (Ok(f), Ok(s)) => assert_eq!(
+                (f.rule, f.key, f.cost, f.class, f.idempotency_key, f.dry_run),
+                (s.rule, s.key, s.cost, s.class, s.idempotency_key, s.dry_run),
+            ),
+            (Err(f), Err(s)) => assert_eq!(f.message, s.message),
+            (f, s) => panic!("check {i}: the two paths disagree: {f:?} / {s:?}"),
+        }
+    }
 }
 
 /// Writes the answer to a batch, `{"results":[…]}`, the same bytes `serde_json` would write
-/// for [`DecisionJson`](super::decision::DecisionJson)s, straight into `out`. `escaped`:
+/// for [`DecisionJson`](super::decision::DecisionJson<'_>)s, straight into `out`. `escaped`:
 /// whether rule and key strings may need escaping; strings the fast path borrowed from the
 /// body never do (they held no backslash, and JSON forbids raw control characters and quotes
 /// in strings).
@@ -137,13 +187,16 @@ fn write_batch(out: &mut Vec<u8>, checks: &[CheckRef<'_>], outs: &[Outcome], esc
         out.extend_from_slice(b",\"key\":");
         string(out, c.key);
         for (name, v) in [
-            (&b",\"limit\":"[..], d.limit),
-            (b",\"remaining\":", d.remaining),
-            (b",\"reset_after_ms\":", d.reset_after_ms),
-            (b",\"retry_after_ms\":", d.retry_after_ms),
+            (&b",\"limit\":"[..], Some(d.limit)),
+            (b",\"remaining\":", Some(d.remaining)),
+            (b",\"local_remaining\":", o.local_remaining),
+            (b",\"reset_after_ms\":", Some(d.reset_after_ms)),
+            (b",\"retry_after_ms\":", Some(d.retry_after_ms)),
         ] {
-            out.extend_from_slice(name);
-            out.extend_from_slice(n.format(v).as_bytes());
+            if let Some(v) = v {
+                out.extend_from_slice(name);
+                out.extend_from_slice(n.format(v).as_bytes());
+            }
         }
         out.extend_from_slice(b",\"mode\":\"");
         out.extend_from_slice(d.mode.as_str().as_bytes());
@@ -159,12 +212,35 @@ fn write_batch(out: &mut Vec<u8>, checks: &[CheckRef<'_>], outs: &[Outcome], esc
                 b",\"would_allow\":false"
             });
         }
+        if let Some(delay) = o.delay_ms() {
+            out.extend_from_slice(b",\"delay_ms\":");
+            out.extend_from_slice(n.format(delay).as_bytes());
+        }
+        if let Some(list) = o.list {
+            out.extend_from_slice(b",\"list\":\"");
+            out.extend_from_slice(list.as_str().as_bytes());
+            out.push(b'"');
+        }
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
 }
 
 /// `POST /v1/check/batch`, timed and counted.
+#[utoipa::path(
+    post,
+    path = "/v1/check/batch",
+    tag = "decisions",
+    summary = "Many independent decisions, in order",
+    request_body = BatchBody,
+    responses(
+        (status = 200, description = "one decision per check", body = super::decision::BatchJson<'_>),
+        (status = 400, description = "a malformed body or a wrong field (the message names it)", body = super::response::ErrorJson<'_>),
+        (status = 404, description = "no such rule", body = super::response::ErrorJson<'_>),
+        (status = 413, description = "the body is over `api.max_body`", body = super::response::ErrorJson<'_>),
+        (status = 415, description = "the body is not JSON", body = super::response::ErrorJson<'_>),
+    ),
+)]
 pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response {
     let started = Instant::now();
     let result: Result<Response, ApiError> = async {
@@ -174,7 +250,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
         let checks: Vec<CheckRef<'_>> = match batch_checks_fast(&bytes) {
             Some(fast) => {
                 if fast.len() > app.max_batch() {
-                    return Err(too_many_checks(&app, fast.len()));
+                    return Err(too_many_checks(app.max_batch(), fast.len()));
                 }
                 escaped = false;
                 fast.into_iter()
@@ -194,7 +270,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
                     .collect::<Result<_, _>>()?
             }
             None => {
-                slow = batch_checks_slow(&app, &bytes)?;
+                slow = batch_checks_slow(app.max_batch(), &bytes)?;
                 escaped = true;
                 slow.iter()
                     .enumerate()
@@ -219,10 +295,8 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
 
 #[cfg(test)]
 mod tests {
-    use serde::Serialize;
-
     use super::*;
-    use crate::http::decision::DecisionJson;
+    use crate::http::decision::{BatchJson, DecisionJson};
 
     #[test]
     fn the_batch_answer_is_what_serde_json_writes() {
@@ -237,22 +311,23 @@ mod tests {
                 retry_after_ms: u64::MAX,
                 mode,
                 degraded,
+                delay_ms: if allowed { 250 } else { 0 },
             },
             window_secs: 60,
+            local_remaining: degraded.then_some(3),
+            shaped: allowed || degraded,
+            list: match (allowed, mode) {
+                (true, _) => Some(crate::limiter::List::Allow),
+                (false, RuleMode::Shadow) => Some(crate::limiter::List::Deny),
+                _ => None,
+            },
         };
         let outs = [
             decision(true, RuleMode::Enforce, false),
             decision(false, RuleMode::Shadow, true),
             decision(false, RuleMode::Enforce, true),
         ];
-        let check = |rule, key| CheckRef {
-            rule,
-            key,
-            cost: 1,
-            class: None,
-            idempotency_key: None,
-            dry_run: false,
-        };
+        let check = |rule, key| CheckRef::of(rule, key, 1);
         for (checks, escaped) in [
             (
                 vec![check("api", "k1"), check("r", "é✓"), check("a-b", "x y")],
@@ -269,11 +344,7 @@ mod tests {
         ] {
             let mut ours = Vec::new();
             write_batch(&mut ours, &checks, &outs, escaped);
-            #[derive(Serialize)]
-            struct Results<'a> {
-                results: Vec<DecisionJson<'a>>,
-            }
-            let reference = serde_json::to_vec(&Results {
+            let reference = serde_json::to_vec(&BatchJson {
                 results: checks
                     .iter()
                     .zip(&outs)

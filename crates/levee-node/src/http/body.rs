@@ -1,6 +1,7 @@
 //! Reading a request's JSON body: at most `api.max_body` bytes (413 beyond, judged by
 //! `Content-Length` before a byte is read), JSON only (415 otherwise), and decoded into an
-//! object with the path of any wrong field in the error (400).
+//! object with the path of any wrong field in the error (400); anything but whitespace after
+//! the object is malformed JSON (400).
 
 use axum::body::Bytes;
 use axum::extract::Request;
@@ -81,7 +82,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         Some(_) => return Err(ApiError::invalid("body: malformed JSON")),
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let msg = strip_position(&inner.to_string());
@@ -92,6 +93,13 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else {
             ApiError::invalid(format!("{path}: {msg}"))
         }
+    })?;
+    // Anything but whitespace after the object is refused too (`{…} }}not json`).
+    de.end().map_err(|e| {
+        ApiError::invalid(format!(
+            "body: malformed JSON: {} after the object",
+            strip_position(&e.to_string())
+        ))
     })?;
     Ok(value)
 }

@@ -5,21 +5,40 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Request, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-
 use super::body::json_body;
-use super::decision::DecisionJson;
+use super::decision::{AllJson, CheckJson, DecisionJson};
 use super::headers::rate_limit_headers;
 use super::request::{CheckBody, cost_of};
 use super::response::json_response;
 use crate::app::App;
-use crate::limiter::{AllEntry, AllOutcome, ApiError, CheckRef, Field};
+use crate::limiter::{AllEntry, AllOutcome, ApiError, CheckRef, Field, check_idempotency_key};
 use crate::metrics::Endpoint;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 
 /// `POST /v1/check`, timed and counted.
+#[utoipa::path(
+    post,
+    path = "/v1/check",
+    tag = "decisions",
+    summary = "One decision, or an atomic `all` call",
+    request_body = super::request::CheckRequest,
+    responses(
+        (status = 200, description = "a decision was made (allowed or not)", body = CheckJson<'_>, headers(
+            ("RateLimit-Policy" = String, description = "`\"rule\";q=limit;w=window_secs`"),
+            ("RateLimit" = String, description = "`\"rule\";r=remaining;t=reset_secs`"),
+            ("X-RateLimit-Limit" = u64, description = "the limit"),
+            ("X-RateLimit-Remaining" = u64, description = "the remaining tokens"),
+            ("X-RateLimit-Reset" = u64, description = "seconds until the reset"),
+            ("Retry-After" = u64, description = "on a denial: seconds to wait"),
+        )),
+        (status = 400, description = "a malformed body or a wrong field (the message names it)", body = super::response::ErrorJson<'_>),
+        (status = 404, description = "no such rule", body = super::response::ErrorJson<'_>),
+        (status = 413, description = "the body is over `api.max_body`", body = super::response::ErrorJson<'_>),
+        (status = 415, description = "the body is not JSON", body = super::response::ErrorJson<'_>),
+    ),
+)]
 pub(super) async fn check(State(app): State<Arc<App>>, req: Request) -> Response {
     let started = Instant::now();
     let resp = match check_inner(&app, req).await {
@@ -37,6 +56,7 @@ pub(super) async fn check(State(app): State<Arc<App>>, req: Request) -> Response
 async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
     let body: CheckBody = json_body(app, req).await?;
     let cost = cost_of(body.cost, Field::Top)?;
+    check_idempotency_key(Field::Top, body.idempotency_key.as_deref())?;
     if let Some(all) = body.all {
         if body.rule.is_some() || body.key.is_some() || body.class.is_some() {
             return Err(ApiError::invalid(
@@ -50,9 +70,9 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
                 app.max_batch()
             )));
         }
-        let out =
-            app.limiter
-                .check_all(&all, cost, body.dry_run, body.idempotency_key.as_deref())?;
+        let out = app
+            .check_all(&all, cost, body.dry_run, body.idempotency_key.as_deref())
+            .await?;
         return Ok(all_response(&all, &out));
     }
     let rule = body
@@ -71,7 +91,10 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
             dry_run: body.dry_run,
         })
         .await?;
-    let mut resp = json_response(StatusCode::OK, &DecisionJson::new(&rule, &key, &out));
+    let mut resp = json_response(
+        StatusCode::OK,
+        &CheckJson::One(DecisionJson::new(&rule, &key, &out)),
+    );
     rate_limit_headers(resp.headers_mut(), &rule, &out);
     Ok(resp)
 }
@@ -79,22 +102,21 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
 /// The answer to an `all` call: the decision and the binding rule's figures at the top, one
 /// result per entry in `results`, and the binding rule's rate-limit headers.
 fn all_response(entries: &[AllEntry], out: &AllOutcome) -> Response {
-    #[derive(Serialize)]
-    struct AllJson<'a> {
-        #[serde(flatten)]
-        top: DecisionJson<'a>,
-        results: Vec<DecisionJson<'a>>,
-    }
     let binding = &entries[out.binding];
     let mut shown = out.results[out.binding];
     shown.decision.allowed = out.allowed;
+    // The call proceeds when its slowest rule lets it: the longest delay of any entry.
+    if let Some(delay) = out.results.iter().filter_map(|o| o.delay_ms()).max() {
+        shown.shaped = true;
+        shown.decision.delay_ms = delay;
+    }
     let top = DecisionJson::new(&binding.rule, &binding.key, &shown);
     let results = entries
         .iter()
         .zip(&out.results)
         .map(|(e, o)| DecisionJson::new(&e.rule, &e.key, o))
         .collect();
-    let mut resp = json_response(StatusCode::OK, &AllJson { top, results });
+    let mut resp = json_response(StatusCode::OK, &CheckJson::All(AllJson { top, results }));
     rate_limit_headers(resp.headers_mut(), &binding.rule, &shown);
     resp
 }

@@ -11,7 +11,10 @@
 //! | `ANY /v1/authz/{rule}`, routed and direct | `authz.rs` (the direct path is [`Api`], here) |
 //! | `GET /v1/usage/{rule}/{key}`, `GET /v1/rules`, `GET /v1/cluster` | `reading.rs` |
 //! | `DELETE /v1/usage/{rule}/{key}`, `POST /admin/reload` | `admin.rs` |
+//! | `PUT/GET/DELETE /v1/overrides/{rule}/{key}`, `GET /v1/overrides/{rule}` | `overrides.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | `operations.rs` |
+//! | `GET /openapi.json` (the OpenAPI 3.1 document of all of these) | `openapi.rs` |
+//! | `GET /` (the status page), `GET /v1/status` | `status.rs` |
 //! | no such endpoint (404), wrong method (405) | here |
 //!
 //! And what they share, each used by the files above and using none of them: `body.rs`
@@ -21,7 +24,9 @@
 //!
 //! Bodies are read up to `api.max_body` (413 beyond), must be JSON (415 otherwise), and are
 //! decoded with the path of any wrong field in the error (400). Every error is
-//! `{"error": code, "message": …}`. A routed request that takes longer than
+//! `{"error": code, "message": …}`: an extractor's plain-text rejection is rewritten so by
+//! [`json_errors`], and hyper's own answers to requests it cannot parse (400, 414, 431) by
+//! the server's connection stream (`server.rs`). A routed request that takes longer than
 //! `api.request_timeout` is answered `503 unavailable`.
 
 mod admin;
@@ -31,16 +36,21 @@ mod body;
 mod check;
 mod decision;
 mod headers;
+mod key_from;
+mod openapi;
 mod operations;
+mod overrides;
 mod reading;
 mod refund;
 mod request;
 mod response;
+mod status;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -49,42 +59,122 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::Response;
-use axum::routing::{any, get, post};
+use axum::routing::{MethodRouter, any, get, post};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 pub use body::decode;
+pub use openapi::document as openapi_document;
+#[doc(hidden)]
+pub use {batch::fuzz_batch_body, refund::fuzz_refund_body, request::fuzz_check_body};
 
-use self::authz::{authz_done, authz_input, authz_response, direct_authz_rule};
+use self::authz::{authz_done, authz_hold, authz_input, authz_response, direct_authz_rule};
 use self::response::error_response;
 use crate::app::App;
 use crate::limiter::ApiError;
 
-/// Builds the router of the API.
-pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/v1/check", post(check::check))
-        .route("/v1/check/batch", post(batch::batch))
-        .route("/v1/refund", post(refund::refund))
-        .route("/v1/authz/{rule}", any(authz::authz))
-        .route(
+/// Every route of the API: its path (axum's syntax, the OpenAPI document's too) and its
+/// handlers. [`router`] is built from this table, and the tests compare the OpenAPI document
+/// ([`openapi_document`]) with it, path by path and method by method.
+fn routes() -> Vec<(&'static str, MethodRouter<Arc<App>>)> {
+    vec![
+        ("/v1/check", post(check::check)),
+        ("/v1/check/batch", post(batch::batch)),
+        ("/v1/refund", post(refund::refund)),
+        ("/v1/authz/{rule}", any(authz::authz)),
+        (
             "/v1/usage/{rule}/{key}",
             get(reading::usage).delete(admin::reset),
-        )
-        .route("/v1/rules", get(reading::rules))
-        .route("/v1/cluster", get(reading::cluster))
-        .route("/healthz", get(operations::healthz))
-        .route("/readyz", get(operations::readyz))
-        .route("/metrics", get(operations::metrics))
-        .route("/admin/reload", post(admin::reload))
+        ),
+        ("/v1/rules", get(reading::rules)),
+        ("/v1/cluster", get(reading::cluster)),
+        ("/v1/status", get(status::status)),
+        ("/healthz", get(operations::healthz)),
+        ("/readyz", get(operations::readyz)),
+        ("/metrics", get(operations::metrics)),
+        ("/admin/reload", post(admin::reload)),
+        (
+            "/v1/overrides/{rule}/{key}",
+            get(overrides::get)
+                .put(overrides::put)
+                .delete(overrides::delete),
+        ),
+        ("/v1/overrides/{rule}", get(overrides::list)),
+        ("/openapi.json", get(openapi::openapi_json)),
+        ("/", get(status::page)),
+    ]
+}
+
+/// The paths of every route, as [`router`] serves them.
+pub fn route_paths() -> Vec<&'static str> {
+    routes().into_iter().map(|(path, _)| path).collect()
+}
+
+/// Builds the router of the API.
+pub fn router(app: Arc<App>) -> Router {
+    status::start_clock();
+    routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, handlers)| r.route(path, handlers))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             guard,
         ))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(app)
+}
+
+/// Every error answer is JSON: one that is not (an extractor's rejection — a path segment
+/// that is not UTF-8 once percent-decoded, a query string that cannot be read) is rewritten
+/// into `{"error": code, "message": …}` with its text as the message.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        400 => "invalid_request",
+        401 => "unauthorized",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        413 => "payload_too_large",
+        415 => "unsupported_media_type",
+        503 => "unavailable",
+        s if s >= 500 => "internal",
+        _ => "invalid_request",
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("the request was refused")
+            .to_owned()
+    } else {
+        text
+    };
+    let mut out = error_response(&ApiError {
+        status: status.as_u16(),
+        code,
+        message,
+    });
+    // Keep what else the answer said (`Allow`, `Retry-After` …), but not its length or type.
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 /// The time limit of a routed request: `503 unavailable` when the answer is not ready within
@@ -135,6 +225,7 @@ pub struct Api {
     app: Arc<App>,
     router: TowerToHyperService<Router>,
     peer: SocketAddr,
+    calls: Option<Arc<AtomicU32>>,
 }
 
 impl Api {
@@ -144,6 +235,16 @@ impl Api {
             app,
             router: TowerToHyperService::new(router),
             peer,
+            calls: None,
+        }
+    }
+
+    /// The same service, counting its calls in `calls` (the server tells the answers hyper
+    /// makes by itself from the service's by it).
+    pub fn counting(self, calls: Arc<AtomicU32>) -> Api {
+        Api {
+            calls: Some(calls),
+            ..self
         }
     }
 }
@@ -154,14 +255,33 @@ impl hyper::service::Service<Request<Incoming>> for Api {
     type Future = ApiFuture;
 
     fn call(&self, mut req: Request<Incoming>) -> ApiFuture {
+        if let Some(calls) = &self.calls {
+            calls.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(rule) = direct_authz_rule(req.uri())
             && self.app.replication.is_none()
         {
             let started = Instant::now();
-            let resp = match authz_input(&self.app, rule, self.peer, req.headers()) {
+            let resp = match authz_input(
+                &self.app,
+                rule,
+                self.peer,
+                (req.method(), req.uri(), req.headers()),
+            ) {
                 Ok(input) => match self.app.limiter.check(input.check(rule)) {
                     Ok(out) => {
-                        authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS).map(Either::Left)
+                        let resp = authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS)
+                            .map(Either::Left);
+                        if let Some(hold) = authz_hold(&self.app, started, &out) {
+                            // A leaky bucket's delay: the answer waits, off this call.
+                            let app = Arc::clone(&self.app);
+                            return ApiFuture::Routed(Box::pin(async move {
+                                tokio::time::sleep(hold).await;
+                                authz_done(&app, started, resp.status());
+                                resp
+                            }));
+                        }
+                        resp
                     }
                     Err(e) => error_response(&e).map(Either::Right),
                 },

@@ -7,21 +7,48 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::response::{error_response, json_response};
 use crate::app::App;
 use crate::limiter::ApiError;
 
+/// The answer of `GET /healthz` (`ok`) and `GET /readyz` (`ready`).
+#[derive(Serialize, ToSchema)]
+#[schema(as = Health)]
+pub(super) struct HealthJson {
+    /// `ok` or `ready`.
+    status: &'static str,
+}
+
 /// `GET /healthz`: `200` while the process serves.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    summary = "Liveness",
+    responses((status = 200, description = "the process serves", body = HealthJson)),
+)]
 pub(super) async fn healthz() -> Response {
-    json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+    json_response(StatusCode::OK, &HealthJson { status: "ok" })
 }
 
 /// `GET /readyz`: `200` once the node is ready, `503 unavailable` while it is starting or once
 /// it is shutting down.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    summary = "Readiness",
+    responses(
+        (status = 200, description = "ready", body = HealthJson),
+        (status = 503, description = "starting or shutting down", body = super::response::ErrorJson<'_>),
+    ),
+)]
 pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
     if app.ready.load(Ordering::Acquire) && !app.shutting_down.load(Ordering::Acquire) {
-        json_response(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
+        json_response(StatusCode::OK, &HealthJson { status: "ready" })
     } else {
         let why = if app.shutting_down.load(Ordering::Acquire) {
             "shutting down"
@@ -38,10 +65,17 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
 
 /// `GET /metrics`: the Prometheus text exposition, with the key gauge and the eviction
 /// counter brought up to date first.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    summary = "Prometheus metrics",
+    responses((status = 200, description = "the Prometheus text exposition", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)),
+)]
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> Response {
     let store = app.limiter.store();
     app.limiter.metrics().keys.set(store.len() as f64);
-    crate::metrics::evictions(store.evictions());
+    crate::metrics::evictions(store.evictions(), store.evictions_live());
     let body = app.prometheus.render();
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(

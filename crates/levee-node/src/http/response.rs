@@ -5,6 +5,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::limiter::ApiError;
 
@@ -17,18 +18,23 @@ impl IntoResponse for ApiError {
 /// The answer to an error: its status (400 if the status is not a valid one) and
 /// `{"error": code, "message": …}`.
 pub(super) fn error_response(e: &ApiError) -> Response {
-    #[derive(Serialize)]
-    struct Body<'a> {
-        error: &'a str,
-        message: &'a str,
-    }
     json_response(
         StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
-        &Body {
+        &ErrorJson {
             error: e.code,
             message: &e.message,
         },
     )
+}
+
+/// The body of every error answer (API.md "Errors").
+#[derive(Serialize, ToSchema)]
+#[schema(as = Error)]
+pub(super) struct ErrorJson<'a> {
+    /// A stable code: `invalid_request`, `unknown_rule`, `unauthorized`, `not_found` …
+    pub(super) error: &'a str,
+    /// What was wrong, naming the field.
+    pub(super) message: &'a str,
 }
 
 /// An answer with `body` written as JSON.

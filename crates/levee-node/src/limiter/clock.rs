@@ -18,6 +18,11 @@ impl Clock {
         }
     }
 
+    /// The offset added to the system time.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+
     /// Milliseconds since the Unix epoch.
     #[inline]
     pub fn now_ms(&self) -> u64 {

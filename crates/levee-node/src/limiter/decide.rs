@@ -8,23 +8,36 @@ use super::api_error::ApiError;
 use super::idempotency::Cached;
 use super::outcome::Outcome;
 use super::request::{CheckRef, Field};
-use super::rule_set::{Resolved, outcome};
+use super::rule_set::{Resolved, global_remaining, outcome};
 use super::state::Limiter;
 
 impl Limiter {
     /// Checks a request as [`Limiter::check`] would, without deciding it.
     pub fn validate(&self, req: CheckRef<'_>) -> Result<(), ApiError> {
         let rules = self.rules.load();
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
+        rules.resolve_check(&overrides, now, req).map(|_| ())
+    }
+
+    /// Whether the check's key is on an allow or deny list: it is then decided here, by any
+    /// node, without its state (a forwarding node need not ask the key's owner).
+    pub fn is_listed(&self, req: CheckRef<'_>) -> bool {
+        let rules = self.rules.load();
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
         rules
-            .resolve(Field::Top, req.rule, req.key, req.class, req.cost)
-            .map(|_| ())
+            .resolve_check(&overrides, now, req)
+            .is_ok_and(|r| r.list.is_some())
     }
 
     /// The outcome of a decision made elsewhere (by the key's owner).
     pub fn outcome_of(&self, req: CheckRef<'_>, decision: Decision) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
-        let r = rules.resolve(Field::Top, req.rule, req.key, req.class, req.cost)?;
-        Ok(outcome(&r, decision, self.clock.now_ms()))
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
+        let r = rules.resolve_check(&overrides, now, req)?;
+        Ok(outcome(&r, decision, None, now))
     }
 
     /// Decides one check.
@@ -36,17 +49,19 @@ impl Limiter {
     /// because the owner is unreachable (under its own conservative cap).
     pub fn check_with(&self, req: CheckRef<'_>, acting_alone: bool) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
-        let r = rules.resolve(Field::Top, req.rule, req.key, req.class, req.cost)?;
+        let overrides = self.overrides.load();
         let now = self.clock.now_ms();
+        let r = rules.resolve_check(&overrides, now, req)?;
         let ctx = self.ctx_alone(&rules, now, acting_alone);
         let mut id = Vec::new();
         r.id_into(&mut id, req.key);
-        let decision = self.decide_resolved(&r, &id, req, Field::Top, &ctx)?;
-        Ok(outcome(&r, decision, now))
+        let (decision, local) = self.decide_resolved(&r, &id, req, Field::Top, &ctx)?;
+        Ok(outcome(&r, decision, Some(local), now))
     }
 
     /// Decides a resolved check, answering a retry with a known idempotency key from the
-    /// cache (without charging it again).
+    /// cache (without charging it again). The decision's `remaining` is the global estimate;
+    /// beside it, what this node can grant at once.
     fn decide_resolved(
         &self,
         r: &Resolved<'_>,
@@ -54,13 +69,38 @@ impl Limiter {
         req: CheckRef<'_>,
         field: Field,
         ctx: &DecideCtx<'_>,
-    ) -> Result<Decision, ApiError> {
-        let decide = || {
-            let d = self.store.with(id, |s| {
-                s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, ctx)
-            });
+    ) -> Result<(Decision, u64), ApiError> {
+        if let Some(list) = r.list {
+            // On a list: decided without the key's state, nothing counted or cached.
+            let d = r.listed(list);
             self.record(&r.entry.metrics, &d, req.dry_run);
-            d
+            return Ok((d, d.remaining));
+        }
+        let decide = || {
+            let f = |s: &mut levee_core::KeyState| {
+                if let Some(d) = over_global_limit(s, r, req.cost, req.dry_run, ctx) {
+                    return global_remaining(s, &r.target, ctx, d);
+                }
+                let d = s.decide(&r.target, r.entry.rule.mode, req.cost, req.dry_run, ctx);
+                global_remaining(s, &r.target, ctx, d)
+            };
+            // A read (a dry run, a check of cost 0) creates no key: a key not held is
+            // answered as a fresh one would be.
+            let (d, local) = if req.dry_run || req.cost == 0 {
+                self.store.with_existing(id, f)
+            } else {
+                self.store.with(id, f)
+            };
+            self.record(&r.entry.metrics, &d, req.dry_run);
+            if !req.dry_run && req.cost > 0 {
+                let rule = &r.entry.rule.name;
+                self.notices
+                    .observe(rule, r.target.algorithm, req.key, &d, ctx.now);
+            }
+            if !req.dry_run {
+                crate::activity::sample(req.rule, req.key);
+            }
+            (d, local)
         };
         let Some(k) = req.idempotency_key.filter(|_| !req.dry_run) else {
             return Ok(decide());
@@ -69,15 +109,19 @@ impl Limiter {
         let mut fresh = false;
         let (cached, _) = self.idempotency.get_with((id.into(), k.to_owned()), || {
             fresh = true;
-            (Cached::One(decide()), window)
+            let (d, local) = decide();
+            (Cached::One(d, local), window)
         });
         if !fresh {
             self.metrics.replays.increment(1);
         }
         match cached {
-            Cached::One(d) => Ok(d),
-            Cached::All(_) => Err(ApiError::invalid(format!(
+            Cached::One(d, local) => Ok((d, local)),
+            Cached::All(..) => Err(ApiError::invalid(format!(
                 "{field}idempotency_key: already used for an `all` call"
+            ))),
+            Cached::Refund(..) => Err(ApiError::invalid(format!(
+                "{field}idempotency_key: already used for a refund"
             ))),
         }
     }
@@ -86,49 +130,192 @@ impl Limiter {
     /// validated before any is decided.
     pub fn batch(&self, checks: &[CheckRef<'_>]) -> Result<Vec<Outcome>, ApiError> {
         let rules = self.rules.load();
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
         let mut resolved = Vec::with_capacity(checks.len());
         for (i, c) in checks.iter().enumerate() {
-            resolved.push(rules.resolve(Field::Check(i), c.rule, c.key, c.class, c.cost)?);
+            resolved.push(rules.resolve(
+                &overrides,
+                now,
+                Field::Check(i),
+                c.rule,
+                c.key,
+                c.class,
+                c.cost,
+            )?);
         }
-        let now = self.clock.now_ms();
         let ctx = self.ctx(&rules, now);
         let mut id = Vec::with_capacity(64);
         let mut out = Vec::with_capacity(checks.len());
         for (i, (c, r)) in checks.iter().zip(&resolved).enumerate() {
             r.id_into(&mut id, c.key);
-            let d = self.decide_resolved(r, &id, *c, Field::Check(i), &ctx)?;
-            out.push(outcome(r, d, now));
+            let (d, local) = self.decide_resolved(r, &id, *c, Field::Check(i), &ctx)?;
+            out.push(outcome(r, d, Some(local), now));
         }
         Ok(out)
     }
 
-    /// Gives tokens back.
-    pub fn refund(
-        &self,
-        rule: &str,
-        key: &str,
-        cost: u64,
-        class: Option<&str>,
-    ) -> Result<Outcome, ApiError> {
-        self.refund_with(rule, key, cost, class, false)
+    /// Gives tokens back; with an idempotency key, a retry gets the first refund's answer
+    /// back and gives nothing more back.
+    pub fn refund(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
+        self.refund_with(req, false)
     }
 
     /// Gives tokens back; `acting_alone` as in [`Limiter::check_with`].
-    pub fn refund_with(
-        &self,
-        rule: &str,
-        key: &str,
-        cost: u64,
-        class: Option<&str>,
-        acting_alone: bool,
-    ) -> Result<Outcome, ApiError> {
+    pub fn refund_with(&self, req: CheckRef<'_>, acting_alone: bool) -> Result<Outcome, ApiError> {
         let rules = self.rules.load();
-        let r = rules.resolve(Field::Top, rule, key, class, cost)?;
+        let overrides = self.overrides.load();
         let now = self.clock.now_ms();
+        let r = rules.resolve_check(&overrides, now, req)?;
+        if let Some(list) = r.list {
+            // A listed key was not counted: nothing to give back.
+            return Ok(outcome(&r, r.listed(list), None, now));
+        }
         let ctx = self.ctx_alone(&rules, now, acting_alone);
-        let d = self
-            .store
-            .with(&r.id(key), |s| s.refund(&r.target, cost, &ctx));
-        Ok(outcome(&r, d, now))
+        let id = r.id(req.key);
+        // A key not held has nothing to give back: it is answered as a fresh one, not created.
+        let refund = || {
+            self.store.with_existing(&id, |s| {
+                let d = s.refund(&r.target, req.cost, &ctx);
+                global_remaining(s, &r.target, &ctx, d)
+            })
+        };
+        let Some(k) = req.idempotency_key else {
+            let (d, local) = refund();
+            return Ok(outcome(&r, d, Some(local), now));
+        };
+        // Remembered in a space of its own: the key's identity followed by 0xfd (never in a
+        // key's UTF-8 bytes; an `all` call's identities use 0xfe), so that the check that took
+        // the tokens and the refund that gives them back may share an idempotency key.
+        let mut refund_id = id.clone();
+        refund_id.push(0xfd);
+        let window = r.target.algorithm.policy_window_secs(now) * 1000;
+        let mut fresh = false;
+        let (cached, _) = self
+            .idempotency
+            .get_with((refund_id.into(), k.to_owned()), || {
+                fresh = true;
+                let (d, local) = refund();
+                (Cached::Refund(d, local), window)
+            });
+        if !fresh {
+            self.metrics.replays.increment(1);
+        }
+        match cached {
+            Cached::Refund(d, local) => Ok(outcome(&r, d, Some(local), now)),
+            Cached::One(..) | Cached::All(..) => Err(ApiError::invalid(
+                "idempotency_key: already used for a check",
+            )),
+        }
     }
+}
+
+/// Strict mode, a key with its own figures (an override): a denial when what the cluster used
+/// of the key, as this node knows it, leaves less than `cost` of the override's limit.
+///
+/// Rights a node gave under the rule's capacity (or a previous override's) stay given when the
+/// capacity goes down: a donor's share shrinks below what it gave, and its receivers hold
+/// more than the new split says, so the rights held can add up to more than the new limit.
+/// Two checks bound that. No node admits past the new limit less what it knows was used
+/// everywhere. And while some node has given more than its new share (`in_debt`), each
+/// region admits only up to its own share of the new limit, less its part of what the other
+/// regions used beyond theirs ([`over_regional_share`]): regions that decide at the same time
+/// cannot add up to more than the limit, however late they hear of each other's admissions.
+/// docs/replication.md, "Overrides".
+pub(super) fn over_global_limit(
+    s: &mut levee_core::KeyState,
+    r: &Resolved<'_>,
+    cost: u64,
+    dry_run: bool,
+    ctx: &DecideCtx<'_>,
+) -> Option<Decision> {
+    if !r.overridden
+        || dry_run
+        || cost == 0
+        || ctx.view.consistency != levee_core::Consistency::Strict
+    {
+        return None;
+    }
+    let usage = s.usage(&r.target, ctx);
+    if usage.remaining >= cost && !over_regional_share(s, r, &usage, cost, ctx) {
+        return None;
+    }
+    let mode = r.entry.rule.mode;
+    let mut d = s.decide(&r.target, mode, cost, true, ctx);
+    d.would_allow = false;
+    d.allowed = mode == levee_core::RuleMode::Shadow;
+    d.retry_after_ms = usage.reset_after_ms.max(1);
+    d.delay_ms = 0;
+    Some(d)
+}
+
+/// Whether some node gave away more rights than the key's split now gives it (its capacity
+/// went down after it gave): the rights held can add up to more than the limit. Read from the
+/// scope rights are held in (the current epoch's transfers, or the continuous holdings).
+fn in_debt(s: &levee_core::KeyState, target: &levee_core::Target<'_>, ctx: &DecideCtx<'_>) -> bool {
+    let algo = target.algorithm;
+    let crdt = s.crdt();
+    let matrix = match algo.rights_per_epoch() {
+        true => crdt.slot(algo.epoch(ctx.now)).map(|slot| &slot.transfers),
+        false => Some(&crdt.holdings),
+    };
+    let Some(matrix) = matrix.filter(|m| !m.is_empty()) else {
+        return false;
+    };
+    let split = ctx.replicas.split(algo.capacity());
+    ctx.replicas
+        .nodes()
+        .any(|n| i128::from(split[usize::from(n.0)]) + matrix.net(n) < 0)
+}
+
+/// A key in debt (`in_debt`): whether admitting `cost` would take this node's region past its
+/// bound. Each region's share of the new limit is the sum of its nodes' split; regions that
+/// used more than their share (before the limit went down) admit nothing, and what they used
+/// beyond it is taken from the others' shares, in proportion. The bounds sum to the limit less
+/// what was used beyond shares, so regions admitting at once stay within the limit, provided
+/// each knows what the others used before the change (gossiped every interval).
+fn over_regional_share(
+    s: &levee_core::KeyState,
+    r: &Resolved<'_>,
+    usage: &levee_core::Usage,
+    cost: u64,
+    ctx: &DecideCtx<'_>,
+) -> bool {
+    if !in_debt(s, &r.target, ctx) {
+        return false;
+    }
+    let replicas = ctx.replicas;
+    let split = replicas.split(r.target.algorithm.capacity());
+    let share = |region: levee_core::RegionIdx| -> u128 {
+        replicas
+            .region_nodes(region)
+            .iter()
+            .map(|n| u128::from(split[usize::from(n.0)]))
+            .sum()
+    };
+    let used = |region: levee_core::RegionIdx| -> u128 {
+        u128::from(
+            usage
+                .regions
+                .get(usize::from(region.0))
+                .copied()
+                .unwrap_or(0),
+        )
+    };
+    let (mut excess, mut under) = (0u128, 0u128);
+    for region in replicas.regions() {
+        let (u, f) = (used(region), share(region));
+        if u > f {
+            excess += u - f;
+        } else {
+            under += f;
+        }
+    }
+    let mine = replicas.region_of(ctx.me);
+    let (u, f) = (used(mine), share(mine));
+    if u >= f || under == 0 {
+        return true;
+    }
+    let taken = (f * excess).div_ceil(under);
+    u + u128::from(cost) > f.saturating_sub(taken)
 }

@@ -8,12 +8,14 @@ use moka::sync::Cache;
 
 use crate::store::KeyId;
 
-/// A remembered decision: of a single check, or of an atomic `all` call (a key used for one
-/// kind is refused for the other).
+/// A remembered decision: of a single check, of an atomic `all` call (a key used for one
+/// kind is refused for the other), or of a refund (kept under an identity of its own); each
+/// with its `local_remaining` (per entry for `all`).
 #[derive(Clone)]
 pub(super) enum Cached {
-    One(Decision),
-    All(AllDecision),
+    One(Decision, u64),
+    All(AllDecision, Vec<u64>),
+    Refund(Decision, u64),
 }
 
 /// Remembered decisions by the key's identity (for an `all` call, every entry's identity) and

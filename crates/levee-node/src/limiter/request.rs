@@ -7,6 +7,10 @@ use super::api_error::ApiError;
 /// The longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 512;
 
+/// The longest `idempotency_key`, in bytes: remembered keys are held in memory for a rule's
+/// window, so their size is bounded.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = levee_proto::MAX_IDEMPOTENCY_KEY_BYTES;
+
 /// One check as the API receives it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +69,20 @@ pub struct CheckRef<'a> {
     pub dry_run: bool,
 }
 
+impl<'a> CheckRef<'a> {
+    /// A check of `cost` tokens of `rule` for `key`: no class, no idempotency key, consuming.
+    pub fn of(rule: &'a str, key: &'a str, cost: u64) -> CheckRef<'a> {
+        CheckRef {
+            rule,
+            key,
+            cost,
+            class: None,
+            idempotency_key: None,
+            dry_run: false,
+        }
+    }
+}
+
 /// Where a check sits in the request, for error messages (`checks[3].key: …`). Formatted only
 /// when there is an error to explain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,12 +106,13 @@ impl std::fmt::Display for Field {
 }
 
 /// One entry of an atomic `all` call.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AllEntry {
     /// The rule's name.
     pub rule: String,
-    /// The key.
+    /// The key: 1–512 bytes.
+    #[schema(min_length = 1, max_length = 512)]
     pub key: String,
     /// Consumer class.
     #[serde(default)]
@@ -112,4 +131,15 @@ pub(super) fn check_key(field: Field, key: &str) -> Result<(), ApiError> {
         )));
     }
     Ok(())
+}
+
+/// Refuses an `idempotency_key` over [`MAX_IDEMPOTENCY_KEY_BYTES`].
+pub fn check_idempotency_key(field: Field, k: Option<&str>) -> Result<(), ApiError> {
+    match k {
+        Some(k) if k.len() > MAX_IDEMPOTENCY_KEY_BYTES => Err(ApiError::invalid(format!(
+            "{field}idempotency_key: {} bytes, at most {MAX_IDEMPOTENCY_KEY_BYTES} allowed",
+            k.len()
+        ))),
+        _ => Ok(()),
+    }
 }

@@ -4,10 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use levee_core::{Consistency, Decision, NodeIdx, ReplicaSet, Rule, Target};
+use levee_core::{
+    Consistency, DecideCtx, Decision, Effect, KeyState, Millis, NodeIdx, ReplicaSet, Rule,
+    RuleMode, Target,
+};
 
 use super::api_error::ApiError;
-use super::outcome::Outcome;
+use super::outcome::{List, Outcome};
+use super::override_table::OverrideTable;
 use super::request::{Field, check_key};
 use crate::config::Config;
 use crate::metrics::RuleMetrics;
@@ -73,10 +77,34 @@ impl RuleSet {
             .ok_or_else(|| ApiError::unknown_rule(field, name))
     }
 
-    /// Looks a check up: its rule, its key's bounds, and the bucket its class and cost
-    /// target. Every refusal names the field (`field` says where the check sits).
+    /// A single check resolved against the rules and the overrides in force at `now`, its
+    /// errors naming the top-level fields ([`RuleSet::resolve`] with [`Field::Top`]).
+    pub(super) fn resolve_check<'a>(
+        &'a self,
+        overrides: &'a OverrideTable,
+        now: Millis,
+        req: super::request::CheckRef<'_>,
+    ) -> Result<Resolved<'a>, ApiError> {
+        self.resolve(
+            overrides,
+            now,
+            Field::Top,
+            req.rule,
+            req.key,
+            req.class,
+            req.cost,
+        )
+    }
+
+    /// Looks a check up: its rule, its key's bounds, its override at `now` (a runtime one in
+    /// `overrides`, else the rule's `[[rule.override]]`: its figures, or its list), and the
+    /// bucket its class and cost target. Every refusal names the field (`field` says where the
+    /// check sits).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn resolve<'a>(
         &'a self,
+        overrides: &'a OverrideTable,
+        now: Millis,
         field: Field,
         rule: &str,
         key: &str,
@@ -88,18 +116,37 @@ impl RuleSet {
             .get(rule)
             .ok_or_else(|| ApiError::unknown_rule(&format!("{field}rule"), rule))?;
         check_key(field, key)?;
+        let (over, list) = match overrides
+            .effect(rule, key, now)
+            .or_else(|| entry.rule.overrides.get(key))
+        {
+            Some(Effect::Figures(a)) => (Some(a), None),
+            Some(Effect::Allow) => (None, Some(List::Allow)),
+            Some(Effect::Deny) => (None, Some(List::Deny)),
+            None => (None, None),
+        };
         let target = entry
             .rule
-            .target(class, cost)
+            .target_with(class, cost, over)
             .map_err(|e| ApiError::invalid(format!("{field}{}: {e}", e.field())))?;
-        Ok(Resolved { entry, target })
+        Ok(Resolved {
+            entry,
+            target,
+            list,
+            overridden: over.is_some(),
+        })
     }
 }
 
-/// A resolved check: the rule and the bucket target.
+/// A resolved check: the rule, the bucket target (with the key's own figures when it has an
+/// override), and the list the key is on.
 pub(super) struct Resolved<'a> {
     pub(super) entry: &'a Arc<RuleEntry>,
     pub(super) target: Target<'a>,
+    pub(super) list: Option<List>,
+    /// The key has its own figures (an override): strict mode also checks the key's global
+    /// usage before admitting (see `decide.rs`).
+    pub(super) overridden: bool,
 }
 
 impl Resolved<'_> {
@@ -114,24 +161,77 @@ impl Resolved<'_> {
         self.id_into(&mut buf, key);
         buf
     }
+
+    /// The decision for a key on a list, made without its state: on the allow list admitted
+    /// and not counted (`remaining` is the limit), on the deny list refused with no
+    /// `retry_after_ms` (waiting does not help). A shadow rule still lets the caller through.
+    pub(super) fn listed(&self, list: List) -> Decision {
+        let limit = self.target.algorithm.capacity();
+        let would_allow = list == List::Allow;
+        let mode = self.entry.rule.mode;
+        Decision {
+            allowed: would_allow || mode == RuleMode::Shadow,
+            would_allow,
+            limit,
+            remaining: if would_allow { limit } else { 0 },
+            reset_after_ms: 0,
+            retry_after_ms: 0,
+            mode,
+            degraded: false,
+            delay_ms: 0,
+        }
+    }
 }
 
 /// The outcome of `decision`, made at `now` for a check resolved as `r`.
-pub(super) fn outcome(r: &Resolved<'_>, decision: Decision, now: u64) -> Outcome {
+/// The outcome of `decision` (whose `remaining` is already the global estimate) with the
+/// deciding node's own figure, `local_remaining`, if this node decided.
+pub(super) fn outcome(
+    r: &Resolved<'_>,
+    decision: Decision,
+    local_remaining: Option<u64>,
+    now: u64,
+) -> Outcome {
     Outcome {
         decision,
         window_secs: r.target.algorithm.policy_window_secs(now),
+        local_remaining,
+        list: r.list,
+        shaped: matches!(
+            r.target.algorithm,
+            levee_core::Algorithm::TokenBucket {
+                shaping: Some(_),
+                ..
+            }
+        ),
     }
+}
+
+/// `d` with `remaining` the key's global estimate after it and `reset_after_ms` the time until
+/// that is back to the limit (what `/v1/usage` says), and the figure the decision was made
+/// against (what this node can grant at once).
+pub(super) fn global_remaining(
+    state: &KeyState,
+    target: &Target<'_>,
+    ctx: &DecideCtx<'_>,
+    mut d: Decision,
+) -> (Decision, u64) {
+    let local = d.remaining;
+    let usage = state.usage(target, ctx);
+    d.remaining = usage.remaining;
+    d.reset_after_ms = usage.reset_after_ms;
+    (d, local)
 }
 
 /// Whether the counts kept under `old` still mean the same under `new`.
 pub(super) fn same_basis(old: &Rule, new: &Rule) -> bool {
-    use levee_core::Algorithm::{FixedWindow, Quota, SlidingWindow, TokenBucket};
+    use levee_core::Algorithm::{FixedWindow, Quota, SlidingLog, SlidingWindow, TokenBucket};
     let basis = |r: &Rule| match r.algorithm {
         TokenBucket { per_ms, .. } => (0, per_ms),
         FixedWindow { window_ms, .. } => (1, window_ms),
         SlidingWindow { window_ms, .. } => (2, window_ms),
         Quota { period, .. } => (3, period as u64),
+        SlidingLog { window_ms, .. } => (4, window_ms),
     };
     let classes = |r: &Rule| {
         r.classes

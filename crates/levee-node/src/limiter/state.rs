@@ -7,24 +7,34 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use levee_core::{ClusterView, DecideCtx, Decision, RuleMode};
+use levee_core::{ClusterView, DecideCtx, Decision, KeyState, RuleMode};
 
 use super::clock::Clock;
 use super::idempotency::{IdempotencyCache, idempotency_cache};
+use super::override_table::OverrideTable;
+use super::overrides::OverrideWrites;
 use super::rule_set::{RuleSet, same_basis};
 use crate::config::Config;
 use crate::metrics::{NodeMetrics, RuleMetrics};
+use crate::notify::Notices;
 use crate::store::Store;
 
 /// The limiter of one node.
 pub struct Limiter {
-    pub(super) rules: ArcSwap<RuleSet>,
+    pub(super) rules: Arc<ArcSwap<RuleSet>>,
+    /// Runtime per-key overrides, swapped whole on every write (under `override_writes`).
+    pub(super) overrides: Arc<ArcSwap<OverrideTable>>,
+    pub(super) override_writes: parking_lot::Mutex<OverrideWrites>,
+    /// This node's id: the writer of the overrides it takes.
+    pub(super) node_id: String,
     pub(super) store: Store,
     pub(super) idempotency: IdempotencyCache,
     /// The node's clock.
     pub clock: Clock,
     pub(super) metrics: NodeMetrics,
     view: ArcSwap<ClusterView>,
+    /// Threshold notices (`[[notify]]`), watched after each decision that takes something.
+    pub(super) notices: Notices,
 }
 
 impl Limiter {
@@ -35,13 +45,29 @@ impl Limiter {
             consistency: rules.consistency,
             ..ClusterView::alone()
         };
+        let rules = Arc::new(ArcSwap::from_pointee(rules));
+        let overrides = Arc::new(ArcSwap::from_pointee(OverrideTable::new(
+            config.node.max_overrides,
+        )));
+        let weigher = {
+            let rules = Arc::clone(&rules);
+            let overrides = Arc::clone(&overrides);
+            let clock = Clock::with_offset(clock.offset_ms());
+            Box::new(move |id: &[u8], state: &KeyState| {
+                forget_weight(&rules.load(), &overrides.load(), id, state, clock.now_ms())
+            })
+        };
         Limiter {
-            rules: ArcSwap::from_pointee(rules),
-            store: Store::new(config.node.max_keys),
+            rules,
+            overrides,
+            override_writes: parking_lot::Mutex::new(OverrideWrites::default()),
+            node_id: config.node.id.clone(),
+            store: Store::with_weigher(config.node.max_keys, weigher),
             idempotency: idempotency_cache(config.api.idempotency_capacity),
             clock,
             metrics: NodeMetrics::new(),
             view: ArcSwap::from_pointee(view),
+            notices: Notices::new(config),
         }
     }
 
@@ -77,6 +103,13 @@ impl Limiter {
             ..**self.view.load()
         }));
         self.rules.store(Arc::new(new));
+        self.rebind_overrides(config.node.max_overrides);
+        self.notices.reconfigure(config);
+    }
+
+    /// Threshold notices: the sender task takes their queue.
+    pub fn notices(&self) -> &Notices {
+        &self.notices
     }
 
     /// The key store.
@@ -137,4 +170,30 @@ impl Limiter {
                 .record(d.retry_after_ms as f64 / 1000.0);
         }
     }
+}
+
+/// How much forgetting a key would admit, for the store's eviction: the part of its limit the
+/// key uses now, in millionths (0: it holds nothing — a full bucket, a window with no
+/// consumption — or its rule is gone). A key near its limit weighs near a million.
+pub fn forget_weight(
+    rules: &RuleSet,
+    overrides: &OverrideTable,
+    id: &[u8],
+    state: &KeyState,
+    now: u64,
+) -> u32 {
+    let Some(target) = crate::states::target_of(rules, overrides, id, now) else {
+        return 0;
+    };
+    let ctx = DecideCtx {
+        now,
+        me: rules.me,
+        replicas: &rules.replicas,
+        view: ClusterView::alone(),
+    };
+    let usage = state.usage(&target, &ctx);
+    if usage.limit == 0 {
+        return 0;
+    }
+    (u128::from(usage.used) * 1_000_000 / u128::from(usage.limit)).min(1_000_000) as u32
 }

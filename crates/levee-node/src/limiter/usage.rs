@@ -17,8 +17,10 @@ impl Limiter {
         class: Option<&str>,
     ) -> Result<UsageOutcome, ApiError> {
         let rules = self.rules.load();
-        let r = rules.resolve(Field::Top, rule, key, class, 0)?;
-        let ctx = self.ctx(&rules, self.clock.now_ms());
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
+        let r = rules.resolve(&overrides, now, Field::Top, rule, key, class, 0)?;
+        let ctx = self.ctx(&rules, now);
         let usage = self
             .store
             .peek(&r.id(key), |s| s.usage(&r.target, &ctx))

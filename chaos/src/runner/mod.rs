@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use levee_testkit::hash::fnv1a;
+use levee_core::hash::fnv1a;
 
 use crate::cluster::{ChaosCluster, ClusterSpec, NODES, REGIONS, port_is_free, reachable_of};
 use crate::load::{LoadControl, Role, Stream, Target, now_ms, run_stream, sleep_until_ms};
@@ -21,6 +21,12 @@ use crate::scenario::{
 };
 use levee_blackbox::cluster::View;
 use levee_blackbox::{agent, http, metric};
+
+mod agreement;
+mod impostor;
+
+use agreement::{agreed_view, measure_agreement, wait_detection};
+use impostor::impostor;
 
 /// How long views may take to agree before `heal-agreement` / `final-agreement` fail. Far
 /// above the design's target: after a partition longer than QUIC's idle timeout (3 s) the
@@ -557,255 +563,6 @@ fn max_rtt(c: &ChaosCluster) -> u64 {
         .map(|(a, b)| p.faults(a, b).max_one_way_ms() + p.faults(b, a).max_one_way_ms())
         .max()
         .unwrap_or(0)
-}
-
-/// Waits until every member on each side sees every region of the other side unreachable;
-/// when, or `None` after [`DETECTION_BOUND`].
-fn wait_detection(
-    c: &ChaosCluster,
-    control: &LoadControl,
-    side_a: &[usize],
-    side_b: &[usize],
-) -> Option<u64> {
-    let deadline = Instant::now() + DETECTION_BOUND;
-    let members: Vec<usize> = (0..NODES)
-        .filter(|&i| control.role(i) == Role::Up && c.is_running(i))
-        .collect();
-    let mut pending: Vec<usize> = members;
-    while Instant::now() < deadline {
-        pending.retain(|&i| {
-            let mine = ChaosCluster::region_index(c.region_of(i));
-            let others = if side_a.contains(&mine) {
-                side_b
-            } else {
-                side_a
-            };
-            !c.status(i).is_ok_and(|s| {
-                others
-                    .iter()
-                    .all(|&r| reachable_of(&s["regions"], REGIONS[r]) == Some(false))
-            })
-        });
-        if pending.is_empty() {
-            return Some(now_ms());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-/// Polls every member's view of the probe key until they are equal and count every probe
-/// admission the clients saw (or have been equal for 2 s, or the bound passes). The probes
-/// are paused by the caller. With `write_to`, the measurement starts with one probe check on
-/// that node.
-fn measure_agreement(
-    c: &ChaosCluster,
-    control: &LoadControl,
-    data: &RunData,
-    label: &str,
-    rtt_ms: u64,
-    write_to: Option<usize>,
-) -> Agreement {
-    let at_ms = now_ms();
-    let started = Instant::now();
-    let nodes: Vec<usize> = (0..NODES)
-        .filter(|&i| control.role(i) == Role::Up && c.is_running(i))
-        .collect();
-    if let Some(w) = write_to {
-        let body = serde_json::json!({ "rule": PROBE_RULE, "key": data.probe_key }).to_string();
-        let agent = agent(Duration::from_secs(3));
-        if http(&agent, "POST", &c.url(w, "/v1/check"), Some(&body))
-            .is_ok_and(|r| r.status == 200 && r.json["allowed"] == true)
-        {
-            control.count_probe_admission();
-        }
-    }
-    let expected = control.probe_admitted();
-    let mut equal_ms = None;
-    let mut complete_ms = None;
-    let mut views: Vec<Option<View>>;
-    loop {
-        views = nodes
-            .iter()
-            .map(|&i| c.view(i, PROBE_RULE, &data.probe_key))
-            .collect();
-        let elapsed = started.elapsed().as_millis() as u64;
-        let equal = views.iter().all(Option::is_some) && views.windows(2).all(|w| w[0] == w[1]);
-        if equal && equal_ms.is_none() {
-            equal_ms = Some(elapsed);
-        }
-        if equal && complete_ms.is_none() && views[0].as_ref().is_some_and(|v| v.used == expected) {
-            complete_ms = Some(elapsed);
-        }
-        if complete_ms.is_some()
-            || equal_ms.is_some_and(|e| equal && elapsed > e + 2_000)
-            || elapsed > AGREEMENT_BOUND_MS
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Agreement {
-        label: label.to_owned(),
-        at_ms,
-        equal_ms,
-        complete_ms,
-        target_ms: 2 * GOSSIP_INTERVAL_MS + rtt_ms,
-        rtt_ms,
-        bound_ms: AGREEMENT_BOUND_MS,
-        views: nodes
-            .iter()
-            .map(|&i| c.id(i).to_owned())
-            .zip(views)
-            .collect(),
-        expected_used: expected,
-        after_write: write_to.is_some(),
-    }
-}
-
-/// The impostor step: a process with a certificate of another CA and otherwise `id`'s
-/// configuration, on `id`'s addresses (the real `id` is stopped).
-fn impostor(
-    c: &mut ChaosCluster,
-    control: &LoadControl,
-    data: &mut RunData,
-    id: &str,
-    for_ms: u64,
-) -> ImpostorWatch {
-    let mut watch = ImpostorWatch {
-        node: id.to_owned(),
-        ..ImpostorWatch::default()
-    };
-    if let Err(e) = impostor_watch(c, control, data, id, for_ms, &mut watch) {
-        watch.error = Some(e);
-    }
-    watch
-}
-
-fn impostor_watch(
-    c: &mut ChaosCluster,
-    control: &LoadControl,
-    data: &mut RunData,
-    id: &str,
-    for_ms: u64,
-    watch: &mut ImpostorWatch,
-) -> Result<(), String> {
-    let i = node_index(id)?;
-    if c.is_running(i) {
-        return Err(format!(
-            "{id} must be stopped before an impostor takes its place"
-        ));
-    }
-    let rogue_path = c.write_impostor(i)?;
-
-    // The probe key goes quiet, so that any move of the members' views while the impostor
-    // runs can only come from it.
-    control.set_probe(false);
-    std::thread::sleep(Duration::from_millis(PROBE_QUIET_MS));
-    let members: Vec<usize> = (0..NODES)
-        .filter(|&j| j != i && control.role(j) == Role::Up && c.is_running(j))
-        .collect();
-    let before = agreed_view(c, &members, &data.probe_key, Duration::from_secs(5))
-        .ok_or("the members' views of the probe key did not agree before the impostor")?;
-    watch.members_probe_before = Some(before.clone());
-    let refused = |c: &ChaosCluster| -> f64 {
-        members
-            .iter()
-            .filter_map(|&j| c.metrics(j).ok())
-            .filter_map(|m| metric(&m, "levee_transport_handshakes_refused_total", &[]))
-            .sum()
-    };
-    let refused_before = refused(c);
-
-    c.spawn(i, &rogue_path)?;
-    // Alone, it becomes ready once it has waited `suspect_after` for peers that never answer.
-    c.wait_ready(i, Instant::now() + Duration::from_secs(15))?;
-    control.set_role(i, Role::Impostor);
-    watch.start_ms = now_ms();
-    data.intervals.push(Interval {
-        label: format!("impostor as {id}"),
-        kind: IntervalKind::Impostor,
-        start_ms: watch.start_ms,
-        end_ms: None,
-    });
-    let until = Instant::now() + Duration::from_millis(for_ms);
-    let agent = agent(Duration::from_secs(3));
-    let body = serde_json::json!({ "rule": PROBE_RULE, "key": data.probe_key }).to_string();
-    let url = c.url(i, "/v1/check");
-    while Instant::now() < until {
-        for _ in 0..10 {
-            if http(&agent, "POST", &url, Some(&body))
-                .is_ok_and(|r| r.status == 200 && r.json["allowed"] == true)
-            {
-                watch.impostor_probe_admitted += 1;
-            }
-        }
-        watch.polls += 1;
-        for &j in &members {
-            let jid = c.id(j).to_owned();
-            if let Ok(s) = c.status(j)
-                && reachable_of(&s["peers"], id) == Some(true)
-                && !watch.seen_reachable_by.contains(&jid)
-            {
-                watch.seen_reachable_by.push(jid.clone());
-            }
-            if c.view(j, PROBE_RULE, &data.probe_key).as_ref() != Some(&before)
-                && !watch.members_probe_moved.contains(&jid)
-            {
-                watch.members_probe_moved.push(jid);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    watch.impostor_probe_used = c.view(i, PROBE_RULE, &data.probe_key).map(|v| v.used);
-    if let Ok(s) = c.status(i) {
-        watch.impostor_reached = s["peers"]
-            .as_array()
-            .map(|peers| {
-                peers
-                    .iter()
-                    .filter(|p| p["reachable"] == true)
-                    .filter_map(|p| p["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-    }
-    watch.handshakes_refused = refused(c) - refused_before;
-
-    control.set_role(i, Role::Down);
-    match c.stop(i) {
-        Some(status) if status.success() => {}
-        Some(status) => data
-            .crashes
-            .push(format!("the impostor exited with {status} on SIGTERM")),
-        None => data.crashes.push("the impostor died by itself".into()),
-    }
-    watch.end_ms = now_ms();
-    if let Some(iv) = data
-        .intervals
-        .iter_mut()
-        .rev()
-        .find(|iv| iv.kind == IntervalKind::Impostor && iv.end_ms.is_none())
-    {
-        iv.end_ms = Some(watch.end_ms);
-    }
-    control.set_probe(true);
-    Ok(())
-}
-
-/// The view of `key` (probe rule) every node of `nodes` agrees on, waiting up to `timeout`.
-fn agreed_view(c: &ChaosCluster, nodes: &[usize], key: &str, timeout: Duration) -> Option<View> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let views: Vec<Option<View>> = nodes.iter().map(|&i| c.view(i, PROBE_RULE, key)).collect();
-        if views.iter().all(Option::is_some) && views.windows(2).all(|w| w[0] == w[1]) {
-            return views.into_iter().next().flatten();
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,237 @@
+//! The end of a gossip interval: failure detection, rebalancing, deltas to every peer, paced
+//! full states, repeats to peers that do not hear us, anti-entropy digests.
+
+use levee_core::{Consistency, Millis, NodeIdx, RebalanceCtx, RegionIdx, RegionMask};
+use levee_proto::{KeyEntry, Message};
+
+use super::{Cluster, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND};
+use crate::digest::digest_message;
+use crate::event::Event;
+use crate::peer::{MAX_KEYS_PER_MESSAGE, MissedKeys, PUSH_KEYS_PER_TICK, batch};
+use crate::routing::key_of;
+use crate::store::KeyStates;
+
+impl Cluster {
+    /// Sends `to` what its queue holds, up to this interval's budget.
+    pub(super) fn pump(&mut self, to: NodeIdx, now: Millis, store: &mut dyn KeyStates) {
+        while let Some(msg) = self.peer[usize::from(to.0)].next_queued(&*store, now) {
+            self.send(to, msg, now);
+        }
+    }
+
+    /// Remembers the keys sent now, and forgets those every peer has acknowledged.
+    pub(super) fn remember_sent(&mut self, ids: &[Vec<u8>], now: Millis) {
+        let me = usize::from(self.cfg.me.0);
+        let margin = 2 * self.cfg.gossip_interval;
+        let peer = &self.peer;
+        // Keep what the least up-to-date peer may need again (bounded by MAX_RECENT_KEYS: a
+        // peer that missed more gets everything when it is heard again).
+        let keep_from = || {
+            peer.iter()
+                .enumerate()
+                .filter(|&(i, p)| i != me && p.acked_ms > 0)
+                .map(|(_, p)| p.acked_ms.saturating_sub(margin))
+                .min()
+                .unwrap_or(now)
+        };
+        self.recent
+            .remember(ids, now, self.cfg.suspect_after / 4, keep_from);
+    }
+
+    /// One gossip interval's work.
+    pub(super) fn gossip_interval_ends(&mut self, now: Millis, store: &mut dyn KeyStates) {
+        let changes = self.membership.refresh(now);
+        self.apply(changes);
+        if !self.synced && now.saturating_sub(self.started) >= self.cfg.suspect_after {
+            // Nobody can vouch for a complete state — no peer is reachable, or every reachable
+            // one is recovering too (the whole cluster is starting): start from what we have.
+            let m = &self.membership;
+            let all_deferred = self
+                .peers()
+                .iter()
+                .all(|&p| !m.is_reachable(p) || self.peer[usize::from(p.0)].deferred);
+            if all_deferred {
+                self.synced = true;
+                self.events.push_back(Event::Synced);
+            }
+        }
+        if !self.synced && now.saturating_sub(self.last_pull) >= self.pull_retry() {
+            // The answers to our pull may have been lost (a peer's link to us was still
+            // backing off from our restart): ask again until one arrives whole.
+            self.last_pull = now;
+            for peer in self.peers() {
+                self.send(peer, Message::PullRequest, now);
+            }
+        }
+        if self.synced && self.cfg.consistency == Consistency::Strict {
+            self.rebalance(now, store);
+        }
+        let peers = self.peers();
+        let sent_ids = self.send_deltas(&peers, now, store);
+        self.remember_sent(&sent_ids, now);
+        for &p in &peers {
+            self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
+            self.pump(p, now, store);
+        }
+        self.resend_to_deaf_peers(&peers, &sent_ids, now, store);
+        // Every peer hears from us every interval (an empty batch if nothing else): silence
+        // means trouble, a healed link is seen within an interval, and the batch carries our
+        // acknowledgement of the peer's.
+        for &p in &peers {
+            if self.peer[usize::from(p.0)].last_sent < now {
+                self.send(p, Message::Deltas(batch(now, vec![])), now);
+            }
+        }
+        self.anti_entropy(&peers, now, store);
+        self.gossip_overrides(now, store);
+        self.advance_sync_generation();
+    }
+
+    /// Strict mode: moves spare rights of the keys used or merged since the last interval
+    /// toward demand (each key's owner in this region gets what the others spare), with at
+    /// most [`MAX_IN_FLIGHT_FRACTION`] of a key's capacity in flight to one peer.
+    fn rebalance(&mut self, now: Millis, store: &mut dyn KeyStates) {
+        let view = self.view();
+        let rings = &self.rings;
+        let replicas = &self.cfg.replicas;
+        let me = self.cfg.me;
+        let region = replicas.region_of(me);
+        let full_rings = &self.full_rings;
+        let membership = &self.membership;
+        let mut given = 0u64;
+        store.update_active(&mut |id, state, target| {
+            let capacity = target.algorithm.capacity() as f64;
+            let owner = rings.owner(region, key_of(id)).unwrap_or(me);
+            // A key taken over from an unreachable owner: its demand is this node's now.
+            let inherit_from = full_rings
+                .owner(region, key_of(id))
+                .filter(|&n| owner == me && n != me && !membership.is_reachable(n));
+            let ctx = RebalanceCtx {
+                now,
+                me,
+                replicas,
+                view,
+                owner,
+                max_in_flight: (capacity * MAX_IN_FLIGHT_FRACTION).ceil() as u64,
+                inherit_from,
+            };
+            given = given.saturating_add(state.rebalance(target, &ctx));
+        });
+        self.rights_given = self.rights_given.saturating_add(given);
+    }
+
+    /// Deltas of every key changed since the last interval, to every peer; returns the ids
+    /// sent.
+    pub(super) fn send_deltas(
+        &mut self,
+        peers: &[NodeIdx],
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) -> Vec<Vec<u8>> {
+        let mut sent_ids: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let deltas = store.drain_deltas(MAX_KEYS_PER_MESSAGE);
+            if deltas.is_empty() {
+                break;
+            }
+            let full = deltas.len() == MAX_KEYS_PER_MESSAGE;
+            let keys: Vec<KeyEntry> = deltas
+                .into_iter()
+                .map(|(id, state)| KeyEntry { id, state })
+                .collect();
+            sent_ids.extend(keys.iter().map(|k| k.id.clone()));
+            let batch = batch(now, keys);
+            for &p in peers {
+                self.send(p, Message::Deltas(batch.clone()), now);
+            }
+            if !full {
+                break;
+            }
+        }
+        sent_ids
+    }
+
+    /// A peer that does not hear us (silent, or its acknowledgements stopped) gets, every
+    /// interval, the few keys it misses: the first message through after a heal carries
+    /// them.
+    fn resend_to_deaf_peers(
+        &mut self,
+        peers: &[NodeIdx],
+        sent_ids: &[Vec<u8>],
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        let deaf_after = self.deaf_after();
+        for &p in peers {
+            let i = usize::from(p.0);
+            let st = &self.peer[i];
+            let deaf = st.acked_ms > 0
+                && (!self.membership.is_reachable(p)
+                    || now.saturating_sub(st.acked_ms) > deaf_after);
+            if !deaf {
+                self.peer[i].missed = MissedKeys::NotTracked;
+                continue;
+            }
+            let missed = match std::mem::take(&mut self.peer[i].missed) {
+                MissedKeys::NotTracked => self.sent_since(self.peer[i].acked_ms),
+                MissedKeys::Keys(mut ids) => {
+                    ids.extend(sent_ids.iter().cloned());
+                    Some(ids)
+                }
+                MissedKeys::TooMany => None,
+            };
+            self.peer[i].missed = match missed.filter(|ids| ids.len() <= MAX_KEYS_BEHIND) {
+                Some(ids) => {
+                    if !ids.is_empty() {
+                        self.push_ids(p, ids.iter(), now, store);
+                    }
+                    MissedKeys::Keys(ids)
+                }
+                None => MissedKeys::TooMany,
+            };
+        }
+    }
+
+    /// Now and then a digest to one reachable peer that keeps up, round robin.
+    fn anti_entropy(&mut self, peers: &[NodeIdx], now: Millis, store: &mut dyn KeyStates) {
+        if now < self.next_anti_entropy {
+            return;
+        }
+        self.next_anti_entropy = now + self.cfg.anti_entropy_interval;
+        let deaf_after = self.deaf_after();
+        // Only to a peer that keeps up: with a backlog, buckets differ because of what is
+        // still on its way.
+        let reachable: Vec<NodeIdx> = peers
+            .iter()
+            .copied()
+            .filter(|&p| {
+                let st = &self.peer[usize::from(p.0)];
+                self.membership.is_reachable(p)
+                    && st.queue_is_empty()
+                    && now.saturating_sub(st.acked_ms) <= deaf_after
+            })
+            .collect();
+        if !reachable.is_empty() {
+            let to = reachable[self.ae_cursor % reachable.len()];
+            self.ae_cursor = self.ae_cursor.wrapping_add(1);
+            let d = digest_message(store.digest(now));
+            self.send(to, Message::Digest(d), now);
+        }
+    }
+
+    /// A sync is complete when every reachable region has been heard from since the last
+    /// one: the optimistic allowance is taken against a view that includes them all.
+    fn advance_sync_generation(&mut self) {
+        let mine = self.cfg.replicas.region_of(self.cfg.me);
+        let unreachable = self.membership.unreachable_regions(&self.cfg.replicas);
+        let complete = self
+            .cfg
+            .replicas
+            .regions()
+            .all(|r: RegionIdx| r == mine || unreachable.contains(r) || self.heard.contains(r));
+        if complete {
+            self.sync_generation += 1;
+            self.heard = RegionMask::EMPTY;
+        }
+    }
+}

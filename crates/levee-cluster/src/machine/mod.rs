@@ -1,0 +1,366 @@
+//! The replication state machine of one node: [`Cluster`]. See the crate doc for the call
+//! order and what it guarantees.
+
+use std::collections::VecDeque;
+
+use levee_core::{ClusterView, Consistency, Millis, NodeIdx, RegionMask, ReplicaSet};
+use levee_proto::{ForwardCheck, ForwardDecision, Message};
+
+use crate::event::{Event, ForwardId};
+use crate::forward::PendingForwards;
+use crate::membership::{Change, Membership};
+use crate::peer::{Outgoing, PeerLink};
+use crate::recent::RecentlySent;
+use crate::ring::Rings;
+use crate::routing::Route;
+use crate::store::KeyStates;
+
+mod gossip;
+mod overrides;
+mod receive;
+
+pub use overrides::override_hash;
+
+/// Most keys re-sent every interval to a peer that does not hear this node.
+pub const MAX_KEYS_BEHIND: usize = 64;
+/// Rights in flight to one peer are capped at this fraction of a key's capacity.
+pub const MAX_IN_FLIGHT_FRACTION: f64 = 0.5;
+/// Most digest buckets repaired in one anti-entropy round.
+pub const MAX_REPAIR_BUCKETS: usize = 16;
+
+/// Settings of the protocol.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node.
+    pub me: NodeIdx,
+    /// The agreed replica set.
+    pub replicas: ReplicaSet,
+    /// Strict or optimistic.
+    pub consistency: Consistency,
+    /// How often deltas are sent.
+    pub gossip_interval: Millis,
+    /// A peer not heard from within this is unreachable.
+    pub suspect_after: Millis,
+    /// How often a digest goes to one peer.
+    pub anti_entropy_interval: Millis,
+    /// How long a forwarded batch of checks may wait for its owner's answer before the
+    /// driver is told to decide it alone ([`Event::ForwardFailed`]).
+    pub forward_timeout: Millis,
+    /// When the first gossip interval ends, after [`Cluster::new`]'s `now` (0: at once).
+    /// Nodes started together can be given different phases so that they do not gossip in
+    /// lockstep; the simulator uses it to replay its seeded phases.
+    pub tick_phase: Millis,
+}
+
+/// Reachability and sync state of one peer, for `/v1/cluster` and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The peer.
+    pub node: NodeIdx,
+    /// Heard from within `suspect_after`.
+    pub reachable: bool,
+    /// Milliseconds since last heard from.
+    pub last_heard_ms_ago: Option<Millis>,
+    /// Milliseconds since we sent the latest batch the peer says it has received (about
+    /// one round trip plus an interval when it keeps up); `None` before its first ack.
+    pub ack_lag_ms: Option<Millis>,
+    /// Keys of full states (pulls, anti-entropy, catch-ups) waiting to be sent to it.
+    pub backlog_keys: usize,
+}
+
+/// The replication state machine of one node.
+pub struct Cluster {
+    cfg: ClusterConfig,
+    membership: Membership,
+    rings: Rings,
+    /// The rings of every node, reachable or not: a key's owner when every node is up.
+    full_rings: Rings,
+    out: VecDeque<Outgoing>,
+    events: VecDeque<Event>,
+    /// The view last reported as [`Event::ViewChanged`].
+    reported_view: ClusterView,
+    /// Per peer, by node index: what was sent, heard and acknowledged.
+    peer: Vec<PeerLink>,
+    recent: RecentlySent,
+    forwards: PendingForwards,
+    next_tick: Millis,
+    next_anti_entropy: Millis,
+    ae_cursor: usize,
+    /// Advances every time every reachable region has been heard from since it last did.
+    sync_generation: u64,
+    started: Millis,
+    synced: bool,
+    /// When the last pull was asked for (re-asked while not synced: answers can be lost).
+    last_pull: Millis,
+    /// Regions heard from since `sync_generation` last advanced.
+    heard: RegionMask,
+    refused: u64,
+    /// Rights this node gave away by rebalancing (strict mode), in tokens.
+    rights_given: u64,
+    /// Per-key overrides: when their digest next goes out (`overrides.rs`).
+    overrides: overrides::OverrideSync,
+}
+
+impl Cluster {
+    /// A node that just started: it asks every peer for their full state.
+    pub fn new(cfg: ClusterConfig, now: Millis) -> Cluster {
+        let membership = Membership::new(&cfg.replicas, cfg.me, cfg.suspect_after);
+        let me = cfg.me;
+        let rings = Rings::new(&cfg.replicas, |n| n == me);
+        let full_rings = Rings::new(&cfg.replicas, |_| true);
+        let n = cfg.replicas.len();
+        let mut c = Cluster {
+            membership,
+            rings,
+            full_rings,
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            reported_view: ClusterView::alone(),
+            peer: vec![PeerLink::default(); n],
+            recent: RecentlySent::new(now),
+            forwards: PendingForwards::default(),
+            next_tick: now + cfg.tick_phase,
+            next_anti_entropy: now + cfg.anti_entropy_interval,
+            ae_cursor: 0,
+            sync_generation: 0,
+            started: now,
+            synced: n == 1,
+            last_pull: now,
+            heard: RegionMask::EMPTY,
+            refused: 0,
+            rights_given: 0,
+            overrides: overrides::OverrideSync::default(),
+            cfg,
+        };
+        if c.synced {
+            c.events.push_back(Event::Synced);
+        }
+        for peer in c.peers() {
+            c.send(peer, Message::PullRequest, now);
+        }
+        c.reported_view = c.view();
+        c.events.push_back(Event::ViewChanged(c.reported_view));
+        c
+    }
+
+    /// This node.
+    pub fn me(&self) -> NodeIdx {
+        self.cfg.me
+    }
+
+    /// The replica set.
+    pub fn replicas(&self) -> &ReplicaSet {
+        &self.cfg.replicas
+    }
+
+    fn peers(&self) -> Vec<NodeIdx> {
+        self.cfg
+            .replicas
+            .nodes()
+            .filter(|&n| n != self.cfg.me)
+            .collect()
+    }
+
+    fn send(&mut self, to: NodeIdx, mut msg: Message, now: Millis) {
+        self.peer[usize::from(to.0)].stamp(&mut msg, now);
+        self.out.push_back(Outgoing { to, msg });
+    }
+
+    /// The next message to send.
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
+        self.out.pop_front()
+    }
+
+    /// The next thing that changed or that the driver must act on.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Cluster::handle_timeout`] must next be called: the end of the gossip interval,
+    /// or a forwarded batch's deadline, whichever comes first.
+    pub fn poll_timeout(&self) -> Millis {
+        match self.forwards.next_deadline() {
+            Some(t) => t.min(self.next_tick),
+            None => self.next_tick,
+        }
+    }
+
+    /// What decisions should assume about the cluster now.
+    pub fn view(&self) -> ClusterView {
+        ClusterView {
+            consistency: self.cfg.consistency,
+            unreachable: self.membership.unreachable_regions(&self.cfg.replicas),
+            sync_gen: self.sync_generation,
+            acting_alone: false,
+            recovering: !self.synced,
+        }
+    }
+
+    fn report_view(&mut self) {
+        let view = self.view();
+        if view != self.reported_view {
+            self.reported_view = view;
+            self.events.push_back(Event::ViewChanged(view));
+        }
+    }
+
+    /// Whether the node has pulled the cluster's state (or found nobody to pull from).
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The owner of a key in this node's region, among the nodes believed reachable.
+    pub fn owner(&self, key: &[u8]) -> NodeIdx {
+        let region = self.cfg.replicas.region_of(self.cfg.me);
+        self.rings.owner(region, key).unwrap_or(self.cfg.me)
+    }
+
+    /// Where a check of `key` is decided (see [`crate::routing`]). A key this node took over
+    /// from an unreachable region-mate (see [`Cluster::taken_over_from`]) is decided here,
+    /// alone: the owner's rights are out of reach, and the answer says so.
+    pub fn route(&self, key: &[u8]) -> Route {
+        let owner = self.owner(key);
+        if owner == self.cfg.me {
+            if self.taken_over_from(key).is_some() {
+                Route::Alone
+            } else {
+                Route::Local
+            }
+        } else if self.membership.is_reachable(owner) {
+            Route::Owner(owner)
+        } else {
+            Route::Alone
+        }
+    }
+
+    /// The key's owner when every node of this region is up, if that is another node and it
+    /// is unreachable: the key's checks now come to another node of the region (this one,
+    /// if [`Cluster::owner`] says so), which serves the demand the owner was serving.
+    pub fn taken_over_from(&self, key: &[u8]) -> Option<NodeIdx> {
+        let region = self.cfg.replicas.region_of(self.cfg.me);
+        let natural = self.full_rings.owner(region, key)?;
+        (natural != self.cfg.me && !self.membership.is_reachable(natural)).then_some(natural)
+    }
+
+    /// Frames or states refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Rights (tokens) this node has given to others by rebalancing so far (strict mode).
+    pub fn rights_given(&self) -> u64 {
+        self.rights_given
+    }
+
+    /// Every peer's status.
+    pub fn peers_status(&self, now: Millis) -> Vec<PeerStatus> {
+        self.peers()
+            .into_iter()
+            .map(|node| {
+                let p = &self.peer[usize::from(node.0)];
+                PeerStatus {
+                    node,
+                    reachable: self.membership.is_reachable(node),
+                    last_heard_ms_ago: self
+                        .membership
+                        .last_heard(node)
+                        .map(|t| now.saturating_sub(t)),
+                    ack_lag_ms: (p.acked_ms > 0).then(|| now.saturating_sub(p.acked_ms)),
+                    backlog_keys: p.backlog_keys(),
+                }
+            })
+            .collect()
+    }
+
+    /// Sends `checks` to `owner` (a region-mate, see [`Cluster::route`]) to decide; the
+    /// answer comes as [`Event::ForwardAnswered`] with the returned id, or
+    /// [`Event::ForwardFailed`] after `forward_timeout`.
+    pub fn forward(&mut self, owner: NodeIdx, checks: Vec<ForwardCheck>, now: Millis) -> ForwardId {
+        let deadline = now + self.cfg.forward_timeout;
+        let id = self.forwards.open(owner, checks.len(), deadline);
+        if owner == self.cfg.me || usize::from(owner.0) >= self.cfg.replicas.len() {
+            // Nobody to send it to: it fails at its deadline.
+            return id;
+        }
+        self.send(owner, Message::Forward { id, checks }, now);
+        id
+    }
+
+    /// Answers a batch of [`Event::ForwardReceived`] with one decision per check, in order.
+    pub fn answer_forward(
+        &mut self,
+        to: NodeIdx,
+        id: ForwardId,
+        decisions: Vec<Option<ForwardDecision>>,
+        now: Millis,
+    ) {
+        if to != self.cfg.me && usize::from(to.0) < self.cfg.replicas.len() {
+            self.send(to, Message::ForwardReply { id, decisions }, now);
+        }
+    }
+
+    fn apply(&mut self, changes: Vec<Change>) {
+        if changes.is_empty() {
+            return;
+        }
+        let before = self.reported_view.unreachable;
+        for change in changes {
+            self.events.push_back(match change {
+                Change::Up(n) => Event::PeerUp(n),
+                Change::Down(n) => Event::PeerDown(n),
+            });
+        }
+        let m = &self.membership;
+        self.rings = Rings::new(&self.cfg.replicas, |n| m.is_reachable(n));
+        let after = self.membership.unreachable_regions(&self.cfg.replicas);
+        for r in self.cfg.replicas.regions() {
+            match (before.contains(r), after.contains(r)) {
+                (true, false) => self.events.push_back(Event::RegionReachable(r)),
+                (false, true) => self.events.push_back(Event::RegionUnreachable(r)),
+                _ => {}
+            }
+        }
+    }
+
+    fn pull_retry(&self) -> Millis {
+        (self.cfg.suspect_after / 2).max(self.cfg.gossip_interval)
+    }
+
+    /// A peer whose acknowledgements lag this far behind our sends does not hear us.
+    fn deaf_after(&self) -> Millis {
+        (self.cfg.suspect_after / 2).max(4 * self.cfg.gossip_interval)
+    }
+
+    /// The node is stopping: sends every peer, now, the deltas of what changed since the
+    /// last interval instead of at the end of it, so its peers count its last decisions
+    /// while it is down. Returns the time the flush was sent at: see
+    /// [`Cluster::acknowledged_since`].
+    pub fn flush(&mut self, now: Millis, store: &mut dyn KeyStates) -> Millis {
+        let peers = self.peers();
+        let sent = self.send_deltas(&peers, now, store);
+        self.remember_sent(&sent, now);
+        now
+    }
+
+    /// Whether every reachable peer has acknowledged what we sent up to `sent_at` (an
+    /// unreachable peer gets it by catch-up or anti-entropy when heard again).
+    pub fn acknowledged_since(&self, sent_at: Millis) -> bool {
+        self.peers().into_iter().all(|p| {
+            !self.membership.is_reachable(p) || self.peer[usize::from(p.0)].acked_ms >= sent_at
+        })
+    }
+
+    /// Time has come ([`Cluster::poll_timeout`]): forwarded batches past their deadline
+    /// fail, and at the end of a gossip interval the interval's work is done (failure
+    /// detection, rebalancing, deltas, paced full states, catch-ups, anti-entropy).
+    pub fn handle_timeout(&mut self, now: Millis, store: &mut dyn KeyStates) {
+        for id in self.forwards.expire(now) {
+            self.events.push_back(Event::ForwardFailed { id });
+        }
+        if now >= self.next_tick {
+            self.next_tick = now + self.cfg.gossip_interval;
+            self.gossip_interval_ends(now, store);
+        }
+        self.report_view();
+    }
+}

@@ -1,0 +1,233 @@
+//! Receiving: what a message from a peer does to the machine (acknowledgements, catch-ups
+//! after a silence, merges, pulls, anti-entropy repairs, forwarded checks and their answers).
+
+use std::collections::BTreeSet;
+
+use levee_core::{Millis, NodeIdx};
+use levee_proto::{DeltaBatch, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES, Message};
+
+use super::{Cluster, MAX_REPAIR_BUCKETS};
+use crate::digest::{bucket_of, differing, digest_message, well_formed};
+use crate::event::Event;
+use crate::forward::Answer;
+use crate::peer::{MAX_KEYS_PER_MESSAGE, batch};
+use crate::store::KeyStates;
+
+impl Cluster {
+    /// A message from `from`.
+    pub fn handle_message(
+        &mut self,
+        from: NodeIdx,
+        msg: Message,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        if from == self.cfg.me || usize::from(from.0) >= self.cfg.replicas.len() {
+            self.refused += 1;
+            return;
+        }
+        let i = usize::from(from.0);
+        let up = self.membership.heard(from, now);
+        if let Some(change) = up {
+            self.apply(vec![change]);
+        }
+        self.heard = self.heard.with(self.cfg.replicas.region_of(from));
+        if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
+            let p = &mut self.peer[i];
+            p.heard_ms = p.heard_ms.max(b.sent_at_ms);
+            // An ack from the future (our clock stepped back at a restart) says nothing.
+            let ack = b.ack_ms.min(now);
+            let prev = p.acked_ms;
+            if up.is_some() {
+                // Heard again after a silence: it most likely missed what we sent since its
+                // last acknowledgement. Push that at once, without waiting to be asked, so a
+                // healed partition converges within one round trip.
+                self.catch_up(from, prev, true, now, store);
+            } else if ack > prev.saturating_add(self.cfg.suspect_after)
+                && self.peer[i].caught_up <= prev
+            {
+                // It had stopped hearing us for longer than `suspect_after` (a link cut one
+                // way) and hears us again. (A shorter jump is a reader catching up with a
+                // backlog: frames to a peer arrive in order, nothing was lost.)
+                self.catch_up(from, prev, false, now, store);
+            }
+            let p = &mut self.peer[i];
+            p.acked_ms = p.acked_ms.max(ack);
+        } else if up.is_some() {
+            let prev = self.peer[i].acked_ms;
+            self.catch_up(from, prev, true, now, store);
+        }
+        if up.is_some() {
+            // Heard again (or for the first time): it may have missed any override.
+            self.push_all_overrides(from, now, store);
+        }
+        match msg {
+            Message::Hello(_) => {}
+            Message::Deltas(batch) => self.merge_batch(&batch, now, store),
+            // A recovering node sends what it has but cannot vouch that it is complete.
+            Message::PullRequest if self.synced => {
+                self.peer[i].queue_all(&*store, now, |_| true, true);
+            }
+            Message::PullRequest => {
+                self.peer[i].queue_all(&*store, now, |_| true, false);
+                self.send(from, Message::PullDeferred, now);
+            }
+            Message::PullDeferred => self.peer[i].deferred = true,
+            Message::PullChunk { batch, done } => {
+                self.merge_batch(&batch, now, store);
+                if done && !self.synced {
+                    self.synced = true;
+                    self.events.push_back(Event::Synced);
+                }
+            }
+            // While the peer has a backlog from us, buckets differ because of what is still
+            // on its way: repairing them would only add to it.
+            Message::Digest(d) if !well_formed(&d) => self.refused += 1,
+            Message::Digest(d) if self.peer[i].queue_is_empty() => {
+                let mine = digest_message(store.digest(now));
+                let mut differ = differing(&mine, &d);
+                if differ.len() > MAX_REPAIR_BUCKETS {
+                    // A bounded repair per round, starting at a different bucket each time.
+                    let start = self.ae_cursor % differ.len();
+                    differ.rotate_left(start);
+                    differ.truncate(MAX_REPAIR_BUCKETS);
+                    differ.sort_unstable();
+                }
+                if !differ.is_empty() {
+                    let buckets = d.buckets;
+                    let wanted = differ.clone();
+                    self.peer[i].queue_all(
+                        &*store,
+                        now,
+                        move |id| differ.binary_search(&bucket_of(id, buckets)).is_ok(),
+                        false,
+                    );
+                    self.send(from, Message::BucketRequest { buckets, wanted }, now);
+                }
+            }
+            Message::Digest(_) => {}
+            Message::BucketRequest {
+                buckets,
+                mut wanted,
+            } => {
+                // A node asks for at most `MAX_REPAIR_BUCKETS` buckets of its digest.
+                let bounded = wanted.len() <= MAX_REPAIR_BUCKETS;
+                if bounded && buckets > 0 && buckets <= 1 << 16 {
+                    wanted.truncate(MAX_REPAIR_BUCKETS);
+                    wanted.sort_unstable();
+                    self.peer[i].queue_all(
+                        &*store,
+                        now,
+                        move |id| wanted.binary_search(&bucket_of(id, buckets)).is_ok(),
+                        false,
+                    );
+                } else {
+                    self.refused += 1;
+                }
+            }
+            // More checks than a forwarder batches, or names longer than any node accepts:
+            // not from an honest node. Its forwarder times out and decides alone.
+            Message::Forward { checks, .. }
+                if checks.len() > MAX_FORWARD_CHECKS
+                    || !checks.iter().all(ForwardCheck::within_bounds) =>
+            {
+                self.refused += 1;
+            }
+            Message::Forward { id, checks } => {
+                self.events
+                    .push_back(Event::ForwardReceived { from, id, checks });
+            }
+            m @ (Message::Overrides(_) | Message::OverrideDigest { .. }) => {
+                self.receive_overrides(from, m, now, store);
+            }
+            Message::ForwardReply { id, decisions } => {
+                match self.forwards.answer(from, id, decisions.len()) {
+                    Answer::Accepted => self
+                        .events
+                        .push_back(Event::ForwardAnswered { id, decisions }),
+                    Answer::Malformed => {
+                        self.refused += 1;
+                        self.events.push_back(Event::ForwardFailed { id });
+                    }
+                    Answer::Unexpected => {}
+                }
+            }
+        }
+        self.pump(from, now, store);
+        self.report_view();
+    }
+
+    /// The keys sent since `since` (with a margin for batches reordered around the last one
+    /// acknowledged), or `None` if we no longer know which those are.
+    pub(super) fn sent_since(&self, since: Millis) -> Option<BTreeSet<Vec<u8>>> {
+        if since == 0 {
+            return None;
+        }
+        self.recent
+            .since(since.saturating_sub(2 * self.cfg.gossip_interval))
+    }
+
+    /// Pushes `to` the state of every key we sent since it last acknowledged us (`since`);
+    /// if we no longer know which those are, everything when `or_all`, else nothing (left to
+    /// anti-entropy).
+    fn catch_up(
+        &mut self,
+        to: NodeIdx,
+        since: Millis,
+        or_all: bool,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        let i = usize::from(to.0);
+        self.peer[i].caught_up = now;
+        match self.sent_since(since) {
+            Some(ids) => self.peer[i].queue_states(ids),
+            // A peer that never acknowledged us has just started: it pulls everything.
+            None if or_all && since > 0 => {
+                // Everything supersedes the keys already queued for it.
+                self.peer[i].drop_queued_states();
+                self.peer[i].queue_all(&*store, now, |_| true, false);
+            }
+            None => {}
+        }
+    }
+
+    /// Sends the current state of these keys, in messages of at most
+    /// [`MAX_KEYS_PER_MESSAGE`].
+    pub(super) fn push_ids<'a>(
+        &mut self,
+        to: NodeIdx,
+        ids: impl Iterator<Item = &'a Vec<u8>>,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        let mut keys = Vec::new();
+        for id in ids {
+            if let Some(state) = store.get(id) {
+                keys.push(KeyEntry {
+                    id: id.clone(),
+                    state,
+                });
+            }
+            if keys.len() == MAX_KEYS_PER_MESSAGE {
+                self.send(
+                    to,
+                    Message::Deltas(batch(now, std::mem::take(&mut keys))),
+                    now,
+                );
+            }
+        }
+        if !keys.is_empty() {
+            self.send(to, Message::Deltas(batch(now, keys)), now);
+        }
+    }
+
+    fn merge_batch(&mut self, batch: &DeltaBatch, now: Millis, store: &mut dyn KeyStates) {
+        for k in &batch.keys {
+            // An identity longer than any node stores is refused before it is even looked up.
+            if k.id.len() > MAX_ID_BYTES || store.merge(&k.id, &k.state, now).is_err() {
+                self.refused += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! What a faulty or compromised peer can send, message by message, to one node's state
+//! machine: each is refused and counted (`Cluster::refused`), or bounded, and nothing it sends
+//! grows the node's memory without bound.
+
+use levee_cluster::memory::MemoryStates;
+use levee_cluster::{Cluster, ClusterConfig, DIGEST_BUCKETS, Event, KeyStates};
+use levee_core::crdt::Tally;
+use levee_core::{Consistency, KeyCrdt, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
+use levee_proto::{
+    DeltaBatch, Digest, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES, Message, encode_id,
+};
+
+const T0: u64 = 1_800_000_000_000;
+const PEER: NodeIdx = NodeIdx(1);
+
+struct Node {
+    cluster: Cluster,
+    store: MemoryStates,
+    now: u64,
+}
+
+impl Node {
+    fn new() -> Node {
+        let nodes: Vec<ReplicaSpec> = ["eu-1", "eu-2", "us-1"]
+            .iter()
+            .map(|id| ReplicaSpec {
+                id: (*id).into(),
+                region: id[..2].into(),
+                weight: None,
+            })
+            .collect();
+        let replicas = ReplicaSet::new(&[("eu".into(), 1), ("us".into(), 1)], &nodes).unwrap();
+        let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
+            .validate()
+            .unwrap();
+        let cfg = ClusterConfig {
+            me: NodeIdx(0),
+            replicas: replicas.clone(),
+            consistency: Consistency::Strict,
+            gossip_interval: 20,
+            suspect_after: 300,
+            anti_entropy_interval: 200,
+            forward_timeout: 500,
+            tick_phase: 0,
+        };
+        let mut node = Node {
+            cluster: Cluster::new(cfg, T0),
+            store: MemoryStates::new(NodeIdx(0), replicas, vec![rule]),
+            now: T0,
+        };
+        // Heard from its peer once, so that what follows is not a catch-up after a silence.
+        node.receive(Message::PullDeferred);
+        node.drain();
+        node
+    }
+
+    fn receive(&mut self, msg: Message) {
+        self.now += 1;
+        self.cluster
+            .handle_message(PEER, msg, self.now, &mut self.store);
+    }
+
+    fn drain(&mut self) -> Vec<Event> {
+        while self.cluster.poll_transmit().is_some() {}
+        std::iter::from_fn(|| self.cluster.poll_event()).collect()
+    }
+
+    fn backlog_to_peer(&self) -> usize {
+        self.cluster
+            .peers_status(self.now)
+            .iter()
+            .find(|p| p.node == PEER)
+            .unwrap()
+            .backlog_keys
+    }
+}
+
+fn id(key: &str) -> Vec<u8> {
+    let mut id = Vec::new();
+    encode_id(&mut id, "r", None, key);
+    id
+}
+
+fn deltas(keys: Vec<KeyEntry>) -> Message {
+    Message::Deltas(DeltaBatch {
+        sent_at_ms: T0,
+        ack_ms: 0,
+        keys,
+    })
+}
+
+fn a_tally(consumed: u64, refunded: u64, requested: u64) -> KeyCrdt {
+    let mut state = KeyCrdt::default();
+    *state.slot_mut(T0 / 60_000).tallies.entry(PEER) = Tally {
+        consumed,
+        refunded,
+        requested,
+    };
+    state
+}
+
+/// Item 12: a state no honest node writes, or whose sums would overflow, is refused, counted,
+/// and leaves no key behind; an honest key in the same batch is merged.
+#[test]
+fn hostile_states_are_refused_and_counted() {
+    let mut node = Node::new();
+    let before = node.cluster.refused();
+    let mut overflow = KeyCrdt::default();
+    let e = T0 / 60_000;
+    for n in [1, 2] {
+        *overflow.slot_mut(e).tallies.entry(NodeIdx(n)) = Tally {
+            consumed: u64::MAX,
+            refunded: 0,
+            requested: u64::MAX,
+        };
+    }
+    node.receive(deltas(vec![
+        KeyEntry {
+            id: id("credit"),
+            state: a_tally(1 << 63, u64::MAX, u64::MAX),
+        },
+        KeyEntry {
+            id: id("overflow"),
+            state: overflow,
+        },
+        KeyEntry {
+            id: id("honest"),
+            state: a_tally(3, 1, 4),
+        },
+    ]));
+    assert_eq!(node.cluster.refused() - before, 2);
+    assert!(node.store.state("r", "credit").is_none());
+    assert!(node.store.state("r", "overflow").is_none());
+    assert!(node.store.state("r", "honest").is_some());
+}
+
+/// Item 13: a key identity longer than any node makes is refused before it is stored.
+#[test]
+fn a_key_id_over_the_bound_is_refused() {
+    let mut node = Node::new();
+    let before = node.cluster.refused();
+    let longest = "k".repeat(MAX_KEY_BYTES);
+    let too_long = "k".repeat(MAX_ID_BYTES);
+    node.receive(deltas(vec![
+        KeyEntry {
+            id: id(&longest),
+            state: a_tally(1, 0, 1),
+        },
+        KeyEntry {
+            id: id(&too_long),
+            state: a_tally(1, 0, 1),
+        },
+    ]));
+    assert_eq!(node.cluster.refused() - before, 1);
+    assert!(node.store.state("r", &longest).is_some());
+    assert!(node.store.state("r", &too_long).is_none());
+}
+
+fn check(key: &str) -> ForwardCheck {
+    ForwardCheck {
+        rule: "r".into(),
+        key: key.into(),
+        cost: 1,
+        class: None,
+        dry_run: false,
+        idempotency_key: None,
+        refund: false,
+    }
+}
+
+/// Item 13: a Forward of more checks than a forwarder ever batches, or with a key longer
+/// than any node accepts, is refused: no check of it is decided.
+#[test]
+fn an_oversized_forward_is_refused() {
+    let mut node = Node::new();
+    let before = node.cluster.refused();
+    let most = vec![check("k"); MAX_FORWARD_CHECKS];
+    node.receive(Message::Forward {
+        id: 1,
+        checks: most,
+    });
+    let events = node.drain();
+    assert!(events.iter().any(
+        |e| matches!(e, Event::ForwardReceived { checks, .. } if checks.len() == MAX_FORWARD_CHECKS)
+    ));
+    node.receive(Message::Forward {
+        id: 2,
+        checks: vec![check("k"); MAX_FORWARD_CHECKS + 1],
+    });
+    node.receive(Message::Forward {
+        id: 3,
+        checks: vec![check(&"k".repeat(MAX_KEY_BYTES + 1))],
+    });
+    let mut long_retry = check("k");
+    long_retry.idempotency_key = Some("i".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1));
+    node.receive(Message::Forward {
+        id: 4,
+        checks: vec![long_retry],
+    });
+    let events = node.drain();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ForwardReceived { .. })),
+        "{events:?}"
+    );
+    assert_eq!(node.cluster.refused() - before, 3);
+}
+
+/// Item 13: a digest with more hashes than buckets, repeated or unsorted buckets, or
+/// indices past the bucket count is refused; a well-formed one is answered.
+#[test]
+fn a_malformed_digest_is_refused() {
+    let mut node = Node::new();
+    let before = node.cluster.refused();
+    let n = DIGEST_BUCKETS;
+    for hashes in [
+        (0..100_000).map(|i| (i % n, 1)).collect::<Vec<_>>(),
+        vec![(3, 1), (3, 2)],
+        vec![(5, 1), (4, 2)],
+        vec![(n, 1)],
+        vec![(1, 0)],
+    ] {
+        node.receive(Message::Digest(Digest { buckets: n, hashes }));
+    }
+    assert_eq!(node.cluster.refused() - before, 5);
+    node.receive(Message::Digest(Digest {
+        buckets: n,
+        hashes: vec![(4, 1), (5, 2)],
+    }));
+    assert_eq!(node.cluster.refused() - before, 5);
+}
+
+/// Item 13: however often a peer asks for the same buckets, each key waits in its queue at
+/// most once.
+#[test]
+fn repeated_bucket_requests_queue_each_key_once() {
+    let mut node = Node::new();
+    // Enough keys that the interval's push budget is spent and the rest waits.
+    let view = node.cluster.view();
+    for i in 0..20_000 {
+        node.store
+            .decide("r", &format!("k{i}"), 1, node.now, view)
+            .unwrap();
+    }
+    let all: Vec<u32> = (0..16).collect();
+    let mut in_buckets = 0;
+    node.store.for_each(node.now, &mut |id, _, _| {
+        if (levee_cluster::bucket_of(id, DIGEST_BUCKETS)) < 16 {
+            in_buckets += 1;
+        }
+    });
+    for _ in 0..40 {
+        node.receive(Message::BucketRequest {
+            buckets: DIGEST_BUCKETS,
+            wanted: all.clone(),
+        });
+        node.drain();
+        assert!(
+            node.backlog_to_peer() <= in_buckets,
+            "backlog {} with {in_buckets} keys in the buckets",
+            node.backlog_to_peer()
+        );
+    }
+    // More buckets than a node ever asks for in one round: refused.
+    let before = node.cluster.refused();
+    node.receive(Message::BucketRequest {
+        buckets: DIGEST_BUCKETS,
+        wanted: (0..DIGEST_BUCKETS).collect(),
+    });
+    assert_eq!(node.cluster.refused() - before, 1);
+}

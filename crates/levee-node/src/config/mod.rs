@@ -1,0 +1,588 @@
+//! Configuration: the TOML file a node runs from, its defaults and its validation.
+//!
+//! Every error names the line and the field (`levee.toml:12: rule "api": field `rate`: must
+//! be at least 1`). A configuration is validated whole before anything uses it, so a reload
+//! with a bad file changes nothing.
+
+mod error;
+mod sections;
+mod size;
+
+pub use error::ConfigError;
+use error::{find_key_line, line_at, name_rule, rule_names, table_extent, toml_error};
+pub use sections::*;
+pub use size::ByteSize;
+
+use std::path::{Path, PathBuf};
+
+use levee_core::{ReplicaSet, ReplicaSpec, Rule, RuleSpec};
+use serde::Deserialize;
+
+/// The configuration a node runs on when started without `--config`: one node on
+/// `127.0.0.1:8750` with a few example rules.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../../config/levee.toml");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    node: NodeSection,
+    #[serde(default)]
+    cluster: Option<ClusterSection>,
+    #[serde(default)]
+    api: ApiSection,
+    #[serde(default, rename = "rule")]
+    rules: Vec<toml::Spanned<RuleSpec>>,
+    #[serde(default, rename = "notify")]
+    notify: Vec<toml::Spanned<NotifySection>>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `[node]`.
+    pub node: NodeSection,
+    /// `[cluster]`, if any.
+    pub cluster: Option<ClusterSection>,
+    /// `[api]`.
+    pub api: ApiSection,
+    /// The rules, validated and bound to the replica set, in file order.
+    pub rules: Vec<Rule>,
+    /// The agreed replica set (a single node without `[cluster]`).
+    pub replicas: ReplicaSet,
+    /// `[[notify]]`: threshold notice targets, validated, in file order.
+    pub notify: Vec<NotifySection>,
+    /// Where it was read from (`None`: the embedded default).
+    pub path: Option<PathBuf>,
+    /// The text it was parsed from.
+    pub text: String,
+}
+
+/// When set (and not empty), replaces `api.admin_token` of the file: a container or a unit
+/// passes the token as a secret rather than in the configuration.
+pub const ADMIN_TOKEN_ENV: &str = "LEVEE_ADMIN_TOKEN";
+/// When set (and not empty), replaces `api.refund_token` of the file.
+pub const REFUND_TOKEN_ENV: &str = "LEVEE_REFUND_TOKEN";
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            source_name: path.display().to_string(),
+            line: None,
+            field: "file".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let mut config = Config::parse(&text, &path.display().to_string())?;
+        config.path = Some(path.to_owned());
+        Ok(config)
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded() -> Config {
+        Config::parse(DEFAULT_CONFIG, "<embedded>").expect("the embedded configuration is valid")
+    }
+
+    /// Parses and validates configuration text; `source_name` names it in errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<Config, ConfigError> {
+        let err = |line: Option<usize>, field: &str, message: String| ConfigError {
+            source_name: source_name.to_owned(),
+            line,
+            field: field.to_owned(),
+            message,
+        };
+        let raw: RawConfig = {
+            let de = toml::Deserializer::parse(text)
+                .map_err(|e| toml_error(text, source_name, &e, ""))?;
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                let mut error = toml_error(text, source_name, e.inner(), &path);
+                error.field = name_rule(&error.field, &rule_names(text));
+                error
+            })?
+        };
+        let node = raw.node;
+        let line_of_key = |key: &str| find_key_line(text, 0..text.len(), key);
+        if node.id.is_empty() {
+            return Err(err(
+                line_of_key("id"),
+                "node.id",
+                "must not be empty".into(),
+            ));
+        }
+        if node.max_keys == 0 {
+            return Err(err(
+                line_of_key("max_keys"),
+                "node.max_keys",
+                "must be at least 1".into(),
+            ));
+        }
+        if node.snapshot_interval.as_millis() < 100 {
+            return Err(err(
+                line_of_key("snapshot_interval"),
+                "node.snapshot_interval",
+                "must be at least 100ms".into(),
+            ));
+        }
+        let mut api = raw.api;
+        // Secrets from the environment (a container's or a unit's), over the file's values.
+        for (var, slot) in [
+            (ADMIN_TOKEN_ENV, &mut api.admin_token),
+            (REFUND_TOKEN_ENV, &mut api.refund_token),
+        ] {
+            if let Some(token) = std::env::var(var).ok().filter(|t| !t.is_empty()) {
+                *slot = Some(token);
+            }
+        }
+        if api.max_body.0 < 64 {
+            return Err(err(
+                line_of_key("max_body"),
+                "api.max_body",
+                "must be at least 64 bytes".into(),
+            ));
+        }
+        if api.request_timeout.as_millis() == 0 {
+            return Err(err(
+                line_of_key("request_timeout"),
+                "api.request_timeout",
+                "must be at least 1ms".into(),
+            ));
+        }
+        if api.max_batch == 0 || api.max_batch > 100_000 {
+            return Err(err(
+                line_of_key("max_batch"),
+                "api.max_batch",
+                "must be from 1 to 100000".into(),
+            ));
+        }
+        if api.admin_token.as_deref() == Some("") {
+            return Err(err(
+                line_of_key("admin_token"),
+                "api.admin_token",
+                "must not be empty (omit it to disable)".into(),
+            ));
+        }
+        if api.refund_token.as_deref() == Some("") {
+            return Err(err(
+                line_of_key("refund_token"),
+                "api.refund_token",
+                "must not be empty (omit it to use admin_token)".into(),
+            ));
+        }
+        if api.admin_token.is_none() && !api.admin_open && !node.http.ip().is_loopback() {
+            return Err(err(
+                line_of_key("http"),
+                "api.admin_token",
+                format!(
+                    "required when node.http ({}) is not a loopback address: without it anyone \
+                     who reaches the port can reload, reset counters and refund; set \
+                     admin_token (or the LEVEE_ADMIN_TOKEN environment variable), or \
+                     admin_open = true to run open on purpose",
+                    node.http
+                ),
+            ));
+        }
+        if api.idle_timeout.as_millis() == 0 {
+            return Err(err(
+                line_of_key("idle_timeout"),
+                "api.idle_timeout",
+                "must be at least 1ms".into(),
+            ));
+        }
+        if api.max_connections == 0 {
+            return Err(err(
+                line_of_key("max_connections"),
+                "api.max_connections",
+                "must be at least 1".into(),
+            ));
+        }
+        let replicas = match &raw.cluster {
+            None => ReplicaSet::single(&node.id, &node.region),
+            Some(cluster) => {
+                let regions: Vec<(String, u32)> = cluster
+                    .regions
+                    .iter()
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
+                let specs: Vec<ReplicaSpec> = cluster
+                    .nodes
+                    .iter()
+                    .map(|n| ReplicaSpec {
+                        id: n.id.clone(),
+                        region: n.region.clone(),
+                        weight: n.weight,
+                    })
+                    .collect();
+                let set = ReplicaSet::new(&regions, &specs)
+                    .map_err(|e| err(line_of_key("regions"), "cluster", e.to_string()))?;
+                let Some(me) = set.node_by_id(&node.id) else {
+                    return Err(err(
+                        line_of_key("id"),
+                        "node.id",
+                        format!("{:?} is not in the cluster.node list", node.id),
+                    ));
+                };
+                if set.region_name(set.region_of(me)) != node.region {
+                    return Err(err(
+                        line_of_key("region"),
+                        "node.region",
+                        format!(
+                            "{:?} differs from the region the cluster.node list gives this node",
+                            node.region
+                        ),
+                    ));
+                }
+                for n in &cluster.nodes {
+                    if let Some(h) = &n.http
+                        && !is_host_port(h)
+                    {
+                        return Err(err(
+                            text.lines()
+                                .position(|l| l.contains(h.as_str()) && l.contains("http"))
+                                .map(|i| i + 1),
+                            "cluster.node.http",
+                            format!(
+                                "{h:?} (node {:?}): expected host:port, such as \"10.0.0.2:8750\"",
+                                n.id
+                            ),
+                        ));
+                    }
+                }
+                if cluster.gossip_interval.as_millis() == 0 {
+                    return Err(err(
+                        line_of_key("gossip_interval"),
+                        "cluster.gossip_interval",
+                        "must be at least 1ms".into(),
+                    ));
+                }
+                if cluster.suspect_after <= cluster.gossip_interval {
+                    return Err(err(
+                        line_of_key("suspect_after"),
+                        "cluster.suspect_after",
+                        "must be longer than gossip_interval".into(),
+                    ));
+                }
+                set
+            }
+        };
+        let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
+        for (i, spanned) in raw.rules.iter().enumerate() {
+            let span = table_extent(text, spanned.span().start);
+            let spec = spanned.get_ref();
+            let mut rule = spec.validate().map_err(|e| ConfigError {
+                source_name: source_name.to_owned(),
+                line: find_key_line(
+                    text,
+                    span.clone(),
+                    e.field.split(['[', '.']).next().unwrap_or(""),
+                )
+                .or_else(|| Some(line_at(text, span.start))),
+                field: if e.rule.is_empty() {
+                    format!("rule[{i}].{}", e.field)
+                } else {
+                    format!("rule {:?}: {}", e.rule, e.field)
+                },
+                message: e.problem.clone(),
+            })?;
+            if rules.iter().any(|r| r.name == rule.name) {
+                return Err(err(
+                    find_key_line(text, span, "name"),
+                    &format!("rule[{i}].name"),
+                    format!("rule {:?} is defined twice", rule.name),
+                ));
+            }
+            rule.bind(&replicas);
+            rules.push(rule);
+        }
+        let mut notify = Vec::with_capacity(raw.notify.len());
+        for (i, spanned) in raw.notify.iter().enumerate() {
+            let span = table_extent(text, spanned.span().start);
+            let n = spanned.get_ref();
+            let at = |key: &str| {
+                find_key_line(text, span.clone(), key).or_else(|| Some(line_at(text, span.start)))
+            };
+            if let Err(problem) = crate::notify::check_url(&n.url) {
+                return Err(err(at("url"), &format!("notify[{i}].url"), problem));
+            }
+            if n.thresholds.is_empty() {
+                return Err(err(
+                    at("thresholds"),
+                    &format!("notify[{i}].thresholds"),
+                    "must hold at least one threshold".into(),
+                ));
+            }
+            for (j, t) in n.thresholds.iter().enumerate() {
+                if !(*t > 0.0 && *t <= 1.0) {
+                    return Err(err(
+                        at("thresholds"),
+                        &format!("notify[{i}].thresholds[{j}]"),
+                        format!("{t} is outside (0, 1]: a threshold is a fraction of the limit"),
+                    ));
+                }
+            }
+            if n.rules.as_ref().is_some_and(Vec::is_empty) {
+                return Err(err(
+                    at("rules"),
+                    &format!("notify[{i}].rules"),
+                    "must name at least one rule (omit it to watch every rule)".into(),
+                ));
+            }
+            for (j, name) in n.rules.iter().flatten().enumerate() {
+                if !rules.iter().any(|r| r.name == *name) {
+                    return Err(err(
+                        at("rules"),
+                        &format!("notify[{i}].rules[{j}]"),
+                        format!("unknown rule {name:?}"),
+                    ));
+                }
+            }
+            if n.timeout.as_millis() == 0 {
+                return Err(err(
+                    at("timeout"),
+                    &format!("notify[{i}].timeout"),
+                    "must be at least 1ms".into(),
+                ));
+            }
+            if n.queue == 0 || n.queue > 1_000_000 {
+                return Err(err(
+                    at("queue"),
+                    &format!("notify[{i}].queue"),
+                    "must be from 1 to 1000000".into(),
+                ));
+            }
+            notify.push(n.clone());
+        }
+        Ok(Config {
+            node,
+            cluster: raw.cluster,
+            api,
+            rules,
+            replicas,
+            notify,
+            path: None,
+            text: text.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+
+    #[test]
+    fn the_embedded_configuration_is_valid() {
+        let c = Config::embedded();
+        assert_eq!(c.node.http, SocketAddr::from(([127, 0, 0, 1], 8750)));
+        assert!(c.rules.len() >= 3);
+    }
+
+    #[test]
+    fn an_invalid_rule_names_its_line_and_field() {
+        let text = "[node]\nid = \"a\"\n\n[[rule]]\nname = \"x\"\nalgorithm = \"token_bucket\"\nrate = 0\nper = \"1s\"\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(7));
+        assert_eq!(e.field, "rule \"x\": rate");
+        assert!(
+            e.to_string().starts_with("t.toml:7: rule \"x\": rate:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_field_names_its_line() {
+        let text = "[api]\nmax_body = \"1MiB\"\nbogus = 1\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn a_mistyped_field_names_its_path() {
+        let text = "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = \"ten\"\nwindow = \"1s\"\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.field.contains("limit"), "{e}");
+    }
+
+    #[test]
+    fn a_mistyped_rule_field_names_the_rule_and_the_field() {
+        let text = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n\n[[rule]]\nname = \"login-per-ip\"\nalgorithm = \"fixed_window\"\nlimit = \"ten\"\nwindow = \"1s\"\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.field, "rule \"login-per-ip\": limit", "{e}");
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(!e.to_string().contains("serde_spanned"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_key_is_named() {
+        let text = "[api]\nmax_batch = 10\nmax_batch = 20\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("`max_batch`"), "{e}");
+    }
+
+    #[test]
+    fn an_open_admin_api_on_a_public_address_is_refused() {
+        let public = "[node]\nhttp = \"0.0.0.0:8750\"\n";
+        let e = Config::parse(public, "t.toml").unwrap_err();
+        assert_eq!(e.field, "api.admin_token", "{e}");
+        assert!(e.message.contains("admin_open"), "{e}");
+        assert!(Config::parse(&format!("{public}[api]\nadmin_open = true\n"), "t.toml").is_ok());
+        assert!(Config::parse(&format!("{public}[api]\nadmin_token = \"t\"\n"), "t.toml").is_ok());
+        assert!(Config::parse("[node]\nhttp = \"[::1]:8750\"\n", "t.toml").is_ok());
+    }
+
+    #[test]
+    fn a_bad_trusted_proxy_names_the_field() {
+        let text = "[api]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/99\"]\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.field, "api.trusted_proxies[1]", "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
+        let ok = Config::parse(
+            "[api]\ntrusted_proxies = [\"10.0.0.0/8\", \"::1/128\"]\n",
+            "t.toml",
+        );
+        assert_eq!(ok.map(|c| c.api.trusted_proxies.len()), Ok(2));
+    }
+
+    #[test]
+    fn a_bad_duration_is_reported() {
+        let text =
+            "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"soon\"\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("invalid duration"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_override_names_the_rule_the_entry_and_the_field() {
+        let rule =
+            "[[rule]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 5\nper = \"1s\"\n";
+        for (table, field) in [
+            ("key = \"a\"\nlimit = 5\n", "override[0].limit"),
+            ("key = \"a\"\nrate = 0\n", "override[0].rate"),
+            ("key = \"a\"\naction = \"block\"\n", "override[0].action"),
+            ("key = \"a*b*\"\naction = \"deny\"\n", "override[0].key"),
+            ("key = \"a\"\n", "override[0].limit"),
+        ] {
+            let text = format!("{rule}[[rule.override]]\n{table}");
+            let e = Config::parse(&text, "t.toml").unwrap_err();
+            assert_eq!(e.field, format!("rule \"api\": {field}"), "{table}: {e}");
+        }
+        let e = Config::parse(
+            &format!("{rule}[[rule.override]]\nkey = \"a\"\nrate = 1\nlimits = 3\n"),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("limits"), "{e}");
+        let ok = format!("{rule}[[rule.override]]\nkey = \"int-*\"\naction = \"allow\"\n");
+        Config::parse(&ok, "t.toml").expect("a valid override");
+    }
+
+    #[test]
+    fn duplicate_rule_names_are_refused() {
+        let rule =
+            "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n";
+        let e = Config::parse(&format!("{rule}{rule}"), "t.toml").unwrap_err();
+        assert_eq!(e.field, "rule[1].name");
+        assert_eq!(e.line, Some(7));
+    }
+
+    #[test]
+    fn byte_sizes_parse() {
+        assert_eq!("1MiB".parse::<ByteSize>(), Ok(ByteSize(1 << 20)));
+        assert_eq!("64KB".parse::<ByteSize>(), Ok(ByteSize(64_000)));
+        assert_eq!("123".parse::<ByteSize>(), Ok(ByteSize(123)));
+        assert!("1 parsec".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn notify_tables_are_validated_naming_the_field() {
+        let rule =
+            "[[rule]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n";
+        let ok = Config::parse(
+            &format!("{rule}[[notify]]\nurl = \"http://127.0.0.1:9/h\"\n"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(ok.notify[0].thresholds, vec![0.8, 0.9, 1.0]);
+        assert_eq!(ok.notify[0].rules, None);
+        for (table, field, line) in [
+            ("url = \"ftp://x/\"\n", "notify[0].url", 7),
+            (
+                "url = \"http://x/\"\nthresholds = [0.5, 1.5]\n",
+                "notify[0].thresholds[1]",
+                8,
+            ),
+            (
+                "url = \"http://x/\"\nthresholds = [0.0]\n",
+                "notify[0].thresholds[0]",
+                8,
+            ),
+            (
+                "url = \"http://x/\"\nrules = [\"api\", \"nope\"]\n",
+                "notify[0].rules[1]",
+                8,
+            ),
+            ("url = \"http://x/\"\nrules = []\n", "notify[0].rules", 8),
+        ] {
+            let e = Config::parse(&format!("{rule}[[notify]]\n{table}"), "t.toml").unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert_eq!(e.line, Some(line), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_nodes_http_must_be_host_port() {
+        let base = "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
+        for good in ["10.0.0.2:8750", "levee-eu-1.levee-eu:8750", "[::1]:8750"] {
+            let text = format!("{base}http = \"{good}\"\n");
+            let c = Config::parse(&text, "t.toml").unwrap_or_else(|e| panic!("{good}: {e}"));
+            let http = c.cluster.as_ref().map(|c| c.nodes[0].http.clone());
+            assert_eq!(http, Some(Some(good.to_owned())));
+        }
+        for bad in [
+            "",
+            "http://10.0.0.2:8750",
+            "10.0.0.2",
+            "host:0",
+            "a b:80",
+            "h:99999",
+        ] {
+            let text = format!("{base}http = \"{bad}\"\n");
+            let e = Config::parse(&text, "t.toml").unwrap_err();
+            assert_eq!(e.field, "cluster.node.http", "{bad}");
+            assert_eq!(e.line, Some(10), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_nodes_addr_is_an_ip_or_a_dns_name() {
+        let base = "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\n";
+        for good in [
+            "10.0.0.2:8751",
+            "levee-eu-0.levee-eu.levee.svc:8751",
+            "[::1]:8751",
+        ] {
+            let text = format!("{base}addr = \"{good}\"\n");
+            let c = Config::parse(&text, "t.toml").unwrap_or_else(|e| panic!("{good}: {e}"));
+            let addr = c.cluster.as_ref().map(|c| c.nodes[0].addr.to_string());
+            assert_eq!(addr.as_deref(), Some(good));
+        }
+        for bad in ["", "levee-eu-0", "a b:8751", "h:0", "http://h:1"] {
+            let text = format!("{base}addr = \"{bad}\"\n");
+            let e = Config::parse(&text, "t.toml").unwrap_err();
+            assert!(e.field.ends_with("addr"), "{bad}: {e}");
+            assert_eq!(e.line, Some(9), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_must_list_this_node() {
+        let text = "[node]\nid = \"eu-9\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
+        let e = Config::parse(text, "t.toml").unwrap_err();
+        assert_eq!(e.field, "node.id");
+    }
+}

@@ -1,0 +1,531 @@
+//! Framing: the header, encoding and bounded decoding of a [`Message`].
+
+use crate::message::Message;
+
+/// The protocol version this build speaks. 2: batches carry their keys as a (possibly
+/// deflated) block, and a key's state its optimistic-mode claims.
+pub const VERSION: u8 = 2;
+/// The oldest version this build decodes: one version back, so that nodes of two
+/// consecutive versions understand each other's frames during a rolling upgrade (this build
+/// always sends [`VERSION`]). See docs/replication.md, "Versions".
+pub const OLDEST_VERSION: u8 = VERSION - 1;
+/// The largest payload accepted, in bytes.
+pub const MAX_FRAME_BYTES: usize = 4 << 20;
+/// The size of a frame header.
+pub const HEADER_BYTES: usize = 5;
+
+/// Why a frame could not be encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// The encoded message is larger than [`MAX_FRAME_BYTES`]; split it.
+    #[error("message of {len} bytes is over the frame limit of {max} bytes")]
+    TooLarge {
+        /// The encoded length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The encoder failed.
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+}
+
+/// Why a frame was refused. Nothing was applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The frame is from a protocol version this build does not decode (outside
+    /// [`OLDEST_VERSION`]`..=`[`VERSION`]).
+    #[error(
+        "frame of protocol version {got}, this node speaks {expected} and decodes {oldest} to {expected}"
+    )]
+    UnsupportedVersion {
+        /// The frame's version.
+        got: u8,
+        /// This build's version.
+        expected: u8,
+        /// The oldest version this build decodes.
+        oldest: u8,
+    },
+    /// The frame announces more than [`MAX_FRAME_BYTES`].
+    #[error("frame of {len} bytes is over the limit of {max} bytes")]
+    TooLarge {
+        /// The announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Fewer bytes than the header announces.
+    #[error("frame truncated: {got} of {expected} bytes")]
+    Truncated {
+        /// Bytes present.
+        got: usize,
+        /// Bytes announced.
+        expected: usize,
+    },
+    /// The payload is not a valid message, or has bytes left over.
+    #[error("corrupted frame: {0}")]
+    Corrupted(String),
+}
+
+impl DecodeError {
+    /// A short label for metrics (`version`, `size`, `truncated`, `corrupted`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DecodeError::UnsupportedVersion { .. } => "version",
+            DecodeError::TooLarge { .. } => "size",
+            DecodeError::Truncated { .. } => "truncated",
+            DecodeError::Corrupted(_) => "corrupted",
+        }
+    }
+}
+
+/// A parsed frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// The payload length.
+    pub len: usize,
+    /// The frame's protocol version: decode its payload with [`decode_payload_of`].
+    pub version: u8,
+}
+
+impl FrameHeader {
+    /// Checks a header: the version must be from [`OLDEST_VERSION`] to [`VERSION`] and the
+    /// length at most [`MAX_FRAME_BYTES`].
+    pub fn parse(header: &[u8; HEADER_BYTES]) -> Result<FrameHeader, DecodeError> {
+        let version = header[0];
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
+            return Err(DecodeError::UnsupportedVersion {
+                got: version,
+                expected: VERSION,
+                oldest: OLDEST_VERSION,
+            });
+        }
+        let len = u32::from_le_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if len > MAX_FRAME_BYTES {
+            return Err(DecodeError::TooLarge {
+                len,
+                max: MAX_FRAME_BYTES,
+            });
+        }
+        Ok(FrameHeader { len, version })
+    }
+}
+
+pub(crate) fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
+}
+
+/// Encodes a message as a whole frame (header and payload).
+pub fn encode_frame(msg: &Message) -> Result<Vec<u8>, EncodeError> {
+    let mut out = vec![0u8; HEADER_BYTES];
+    let payload = bincode::serde::encode_to_vec(msg, config())
+        .map_err(|e| EncodeError::Encode(e.to_string()))?;
+    if payload.len() > MAX_FRAME_BYTES {
+        return Err(EncodeError::TooLarge {
+            len: payload.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    out[0] = VERSION;
+    out[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Decodes a payload of this build's [`VERSION`].
+pub fn decode_payload(payload: &[u8]) -> Result<Message, DecodeError> {
+    decode_payload_of(VERSION, payload)
+}
+
+/// Decodes a payload of protocol `version`, as its header said ([`FrameHeader::parse`]):
+/// each accepted version with its own decoding.
+pub fn decode_payload_of(version: u8, payload: &[u8]) -> Result<Message, DecodeError> {
+    if payload.len() > MAX_FRAME_BYTES {
+        return Err(DecodeError::TooLarge {
+            len: payload.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    match version {
+        VERSION => {}
+        1 => return crate::v1::decode_payload_v1(payload),
+        got => {
+            return Err(DecodeError::UnsupportedVersion {
+                got,
+                expected: VERSION,
+                oldest: OLDEST_VERSION,
+            });
+        }
+    }
+    let (msg, used): (Message, usize) = bincode::serde::decode_from_slice(payload, config())
+        .map_err(|e| DecodeError::Corrupted(e.to_string()))?;
+    if used != payload.len() {
+        return Err(DecodeError::Corrupted(format!(
+            "{} bytes left over after the message",
+            payload.len() - used
+        )));
+    }
+    Ok(msg)
+}
+
+/// Decodes one whole frame.
+pub fn decode_frame(frame: &[u8]) -> Result<Message, DecodeError> {
+    let Some(header) = frame.first_chunk::<HEADER_BYTES>() else {
+        return Err(DecodeError::Truncated {
+            got: frame.len(),
+            expected: HEADER_BYTES,
+        });
+    };
+    let h = FrameHeader::parse(header)?;
+    let payload = &frame[HEADER_BYTES..];
+    if payload.len() < h.len {
+        return Err(DecodeError::Truncated {
+            got: payload.len(),
+            expected: h.len,
+        });
+    }
+    if payload.len() > h.len {
+        return Err(DecodeError::Corrupted(format!(
+            "{} bytes after the frame",
+            payload.len() - h.len
+        )));
+    }
+    decode_payload_of(h.version, payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{KEYS_DEFLATE, WireBatch};
+    use crate::*;
+    use levee_core::KeyCrdt;
+    use levee_core::NodeIdx;
+    use levee_core::crdt::Tally;
+    use serde::Serialize;
+
+    fn sample() -> Message {
+        let mut state = KeyCrdt::default();
+        *state.slot_mut(1_700_000_000).tallies.entry(NodeIdx(2)) = Tally {
+            consumed: 5,
+            refunded: 1,
+            requested: 9,
+        };
+        state.holdings.give(NodeIdx(0), NodeIdx(2), 40);
+        Message::Deltas(DeltaBatch {
+            sent_at_ms: 1_700_000_000_123,
+            ack_ms: 1_700_000_000_101,
+            keys: vec![KeyEntry {
+                id: b"api\0\xffacme".to_vec(),
+                state,
+            }],
+        })
+    }
+
+    /// The state's compact containers (one entry inline, thin vectors) are plain sequences on
+    /// the wire, byte for byte what `Vec`s were: peers of either layout understand each other.
+    #[test]
+    fn compact_containers_encode_as_vectors() {
+        use levee_core::crdt::{BucketReg, Transfer};
+        let mut state = KeyCrdt::default();
+        let reg = |seq| BucketReg {
+            seq,
+            at: 7,
+            level_nt: -3,
+        };
+        *state.buckets.entry(NodeIdx(0)) = reg(1);
+        *state.buckets.entry(NodeIdx(4)) = reg(2);
+        state.holdings.give(NodeIdx(1), NodeIdx(0), 40);
+        fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+            bincode::serde::encode_to_vec(v, config()).unwrap()
+        }
+        let as_vec: Vec<(NodeIdx, BucketReg)> = vec![(NodeIdx(0), reg(1)), (NodeIdx(4), reg(2))];
+        assert_eq!(enc(&state.buckets), enc(&as_vec));
+        let cells = vec![Transfer {
+            from: NodeIdx(1),
+            to: NodeIdx(0),
+            units: 40,
+        }];
+        assert_eq!(enc(&state.holdings), enc(&cells));
+        let back: KeyCrdt = bincode::serde::decode_from_slice(&enc(&state), config())
+            .unwrap()
+            .0;
+        assert_eq!(back, state);
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        let mut b = Vec::new();
+        encode_id(&mut b, "rule-1", Some(3), "acme/ü");
+        assert_eq!(decode_id(&b), Some(("rule-1", Some(3), "acme/ü")));
+        encode_id(&mut b, "r", None, "");
+        assert_eq!(decode_id(&b), Some(("r", None, "")));
+        assert_eq!(decode_id(b"no-zero"), None);
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        for msg in [
+            sample(),
+            Message::Hello(Hello {
+                node: "eu-1".into(),
+                replica_digest: 42,
+                incarnation: 7,
+            }),
+            Message::PullRequest,
+            Message::Forward {
+                id: 3,
+                checks: vec![ForwardCheck {
+                    rule: "r".into(),
+                    key: "k".into(),
+                    cost: 2,
+                    class: None,
+                    dry_run: false,
+                    idempotency_key: Some("retry-1".into()),
+                    refund: false,
+                }],
+            },
+            Message::Overrides(vec![
+                OverrideEntry {
+                    rule: "r".into(),
+                    key: "k".into(),
+                    reg: levee_core::OverrideReg {
+                        value: Some(levee_core::OverrideValue::Rate { rate: 5, burst: 9 }),
+                        expires_at: Some(1_000),
+                        written_at: 900,
+                        writer: "eu-1".into(),
+                    },
+                },
+                OverrideEntry {
+                    rule: "r".into(),
+                    key: "gone".into(),
+                    reg: levee_core::OverrideReg {
+                        value: None,
+                        expires_at: None,
+                        written_at: 901,
+                        writer: "us-2".into(),
+                    },
+                },
+            ]),
+            Message::OverrideDigest { hash: u64::MAX },
+        ] {
+            let frame = encode_frame(&msg).unwrap();
+            assert_eq!(decode_frame(&frame).unwrap(), msg);
+        }
+    }
+
+    #[test]
+    fn a_frame_of_another_version_is_refused_not_misread() {
+        for other in [VERSION + 1, OLDEST_VERSION - 1, u8::MAX] {
+            let mut frame = encode_frame(&sample()).unwrap();
+            frame[0] = other;
+            assert_eq!(
+                decode_frame(&frame),
+                Err(DecodeError::UnsupportedVersion {
+                    got: other,
+                    expected: VERSION,
+                    oldest: OLDEST_VERSION,
+                })
+            );
+        }
+    }
+
+    /// A whole frame: `version`, the payload's length, the payload.
+    fn framed(version: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![version];
+        f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// Frames of the previous version, written byte by byte as a version-1 node encodes them
+    /// (bincode varints: every value below 251 is one byte), decode into this version's
+    /// messages.
+    #[test]
+    fn frames_of_the_previous_version_decode() {
+        assert_eq!(OLDEST_VERSION, 1);
+        // Hello { node: "eu-1", replica_digest: 42, incarnation: 7 }
+        let hello = [&[0u8, 4][..], b"eu-1", &[42, 7]].concat();
+        assert_eq!(
+            decode_frame(&framed(1, &hello)).unwrap(),
+            Message::Hello(Hello {
+                node: "eu-1".into(),
+                replica_digest: 42,
+                incarnation: 7,
+            })
+        );
+        // Deltas: sent_at 5, ack 3, one key "r\0\xffk" whose state has, in epoch 7, node 2's
+        // tally (5, 1, 9) and no transfers, a continuous transfer 0 -> 2 of 40, no registers
+        // and (version 1 has none) no claims. The keys are a plain sequence, not a block.
+        let deltas = [
+            &[1u8, 5, 3, 1, 4][..],
+            b"r\0\xffk",
+            &[1, 7, 1, 2, 5, 1, 9, 0],
+            &[1, 0, 2, 40],
+            &[0, 0],
+        ]
+        .concat();
+        let mut state = KeyCrdt::default();
+        *state.slot_mut(7).tallies.entry(NodeIdx(2)) = Tally {
+            consumed: 5,
+            refunded: 1,
+            requested: 9,
+        };
+        state.holdings.give(NodeIdx(0), NodeIdx(2), 40);
+        let batch = DeltaBatch {
+            sent_at_ms: 5,
+            ack_ms: 3,
+            keys: vec![KeyEntry {
+                id: b"r\0\xffk".to_vec(),
+                state,
+            }],
+        };
+        assert_eq!(
+            decode_frame(&framed(1, &deltas)).unwrap(),
+            Message::Deltas(batch.clone())
+        );
+        // The same keys as the last chunk of a pull (variant 5, then `done`).
+        let chunk = [&[5u8][..], &deltas[1..], &[1]].concat();
+        assert_eq!(
+            decode_frame(&framed(1, &chunk)).unwrap(),
+            Message::PullChunk { batch, done: true }
+        );
+        // PullRequest, and a Digest of one bucket.
+        assert_eq!(
+            decode_frame(&framed(1, &[4])).unwrap(),
+            Message::PullRequest
+        );
+        assert_eq!(
+            decode_frame(&framed(1, &[2, 251, 0, 1, 1, 3, 9])).unwrap(),
+            Message::Digest(Digest {
+                buckets: 256,
+                hashes: vec![(3, 9)],
+            })
+        );
+        // The same version-1 Deltas read as version 2 is not misread: refused.
+        assert!(matches!(
+            decode_frame(&framed(VERSION, &deltas)),
+            Err(DecodeError::Corrupted(_))
+        ));
+        // Version 1's last message, which version 2 dropped, is refused, not misread.
+        assert!(matches!(
+            decode_frame(&framed(1, &[9, 1, 1, b'x'])),
+            Err(DecodeError::Corrupted(_))
+        ));
+        // Bytes left over after a version-1 message are refused too.
+        assert!(matches!(
+            decode_frame(&framed(1, &[4, 0])),
+            Err(DecodeError::Corrupted(_))
+        ));
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_from_its_header() {
+        let mut header = [VERSION, 0, 0, 0, 0];
+        header[1..5].copy_from_slice(&((MAX_FRAME_BYTES as u32) + 1).to_le_bytes());
+        assert!(matches!(
+            FrameHeader::parse(&header),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn truncated_and_padded_frames_are_refused() {
+        let frame = encode_frame(&sample()).unwrap();
+        assert!(matches!(
+            decode_frame(&frame[..frame.len() - 1]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        assert!(matches!(
+            decode_frame(&frame[..3]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        let mut padded = frame.clone();
+        padded.push(0);
+        assert!(matches!(
+            decode_frame(&padded),
+            Err(DecodeError::Corrupted(_))
+        ));
+    }
+
+    #[test]
+    fn a_hostile_length_inside_the_payload_does_not_allocate_it() {
+        // A Deltas message claiming 2^60 keys: the bounded decoder refuses it.
+        let mut payload = vec![1u8]; // variant index of Deltas
+        payload.push(0); // sent_at_ms = 0
+        payload.extend_from_slice(&[0xfd]); // varint marker for a u64
+        payload.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        assert!(matches!(
+            decode_payload(&payload),
+            Err(DecodeError::Corrupted(_))
+        ));
+    }
+
+    /// A batch like a gossip interval's: token-bucket registers of `n` keys of one rule.
+    fn bucket_batch(n: u64) -> DeltaBatch {
+        let keys = (0..n)
+            .map(|i| {
+                let mut state = KeyCrdt::default();
+                *state.buckets.entry(NodeIdx(0)) = levee_core::crdt::BucketReg {
+                    seq: 1_000 + i * 7,
+                    at: 1_763_700_000_000 + i % 20,
+                    level_nt: (i as i64 * 7_919_000_003) % 100_000_000_000,
+                };
+                let mut id = Vec::new();
+                encode_id(&mut id, "allow", None, &format!("g{i}"));
+                KeyEntry { id, state }
+            })
+            .collect();
+        DeltaBatch {
+            sent_at_ms: 1_763_700_000_020,
+            ack_ms: 1_763_700_000_001,
+            keys,
+        }
+    }
+
+    #[test]
+    fn a_batch_of_many_keys_round_trips_deflated_and_smaller() {
+        let batch = bucket_batch(256);
+        let msg = Message::Deltas(batch.clone());
+        let frame = encode_frame(&msg).unwrap();
+        assert_eq!(decode_frame(&frame).unwrap(), msg);
+        let plain = bincode::serde::encode_to_vec(&batch.keys, config()).unwrap();
+        assert!(
+            frame.len() < plain.len() * 2 / 3,
+            "frame {} bytes, keys alone {} bytes",
+            frame.len(),
+            plain.len()
+        );
+    }
+
+    #[test]
+    fn a_block_that_inflates_past_its_announced_length_is_refused() {
+        // 1 MiB of zeros deflates to about a kilobyte; announce less, or more than a frame.
+        let block = miniz_oxide::deflate::compress_to_vec(&vec![0u8; 1 << 20], 1);
+        for raw_len in [100u32, (MAX_FRAME_BYTES + 1) as u32] {
+            let wire = WireBatch {
+                sent_at_ms: 1,
+                ack_ms: 0,
+                codec: KEYS_DEFLATE,
+                raw_len,
+                block: block.clone(),
+            };
+            let mut payload = vec![1u8]; // variant index of Deltas
+            payload.extend(bincode::serde::encode_to_vec(&wire, config()).unwrap());
+            assert!(matches!(
+                decode_payload(&payload),
+                Err(DecodeError::Corrupted(_))
+            ));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_bytes_never_panic_the_decoder(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = decode_frame(&bytes);
+            let mut framed = vec![VERSION];
+            framed.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            framed.extend_from_slice(&bytes);
+            let _ = decode_frame(&framed);
+        }
+    }
+}

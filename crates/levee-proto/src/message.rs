@@ -1,0 +1,297 @@
+//! The messages nodes exchange.
+
+use levee_core::KeyCrdt;
+use serde::{Deserialize, Serialize};
+
+use crate::frame::{MAX_FRAME_BYTES, config};
+use crate::id::{MAX_KEY_BYTES, MAX_RULE_BYTES};
+
+/// What a node says first on every connection: who it is and which replica list and rules it
+/// runs. Peers with a different replica list must not exchange counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The sender's node id.
+    pub node: String,
+    /// Digest of the agreed replica list (`ReplicaSet::digest`).
+    pub replica_digest: u64,
+    /// Changes every time the process starts, so peers notice restarts.
+    pub incarnation: u64,
+}
+
+/// One key in a batch: its stored identity and its replicated state (a delta, or a full
+/// state — the receiver cannot tell and need not care: merge is the same join). Named apart
+/// from `levee_core::KeyState`, a node's whole state of a key, of which this carries only the
+/// replicated part.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyEntry {
+    /// `rule \0 bucket key` as the store encodes it.
+    pub id: Vec<u8>,
+    /// Entries, as absolute values.
+    pub state: KeyCrdt,
+}
+
+/// Deltas (or full states) of many keys, from one node.
+///
+/// On the wire the keys are one block: their bincode encoding, deflated when that is
+/// smaller (it is for any batch of more than a few keys: ids share rule names and key
+/// prefixes, clock values share their high bytes). Decoding inflates at most
+/// [`MAX_FRAME_BYTES`] and refuses a block whose announced and actual lengths differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "WireBatch", try_from = "WireBatch")]
+pub struct DeltaBatch {
+    /// The sender's wall clock when it sent the batch (ms since the Unix epoch).
+    pub sent_at_ms: u64,
+    /// The highest `sent_at_ms` of the destination's batches the sender has received (in the
+    /// destination's clock; 0: none yet). A destination that sees this jump knows the sender
+    /// missed what it sent in between and pushes it again.
+    pub ack_ms: u64,
+    /// The keys.
+    pub keys: Vec<KeyEntry>,
+}
+
+/// How a batch's keys are encoded: bincode, as is.
+const KEYS_PLAIN: u8 = 0;
+/// How a batch's keys are encoded: bincode, then raw deflate.
+pub(crate) const KEYS_DEFLATE: u8 = 1;
+/// Blocks shorter than this are sent as they are.
+const DEFLATE_FROM_BYTES: usize = 64;
+/// Deflate level: the fastest; a batch's redundancy is in long repeats it finds anyway.
+const DEFLATE_LEVEL: u8 = 1;
+
+/// A [`DeltaBatch`] as it travels.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct WireBatch {
+    pub(crate) sent_at_ms: u64,
+    pub(crate) ack_ms: u64,
+    /// [`KEYS_PLAIN`] or [`KEYS_DEFLATE`].
+    pub(crate) codec: u8,
+    /// The length of the bincode encoding of the keys.
+    pub(crate) raw_len: u32,
+    /// The keys' block.
+    pub(crate) block: Vec<u8>,
+}
+
+impl From<DeltaBatch> for WireBatch {
+    fn from(b: DeltaBatch) -> WireBatch {
+        // Encoding a Vec of plain structs into memory cannot fail; an empty block would be
+        // refused by the receiver rather than misread.
+        let raw = bincode::serde::encode_to_vec(&b.keys, config()).unwrap_or_default();
+        let raw_len = raw.len() as u32;
+        let (codec, block) = if raw.len() >= DEFLATE_FROM_BYTES {
+            let packed = miniz_oxide::deflate::compress_to_vec(&raw, DEFLATE_LEVEL);
+            if packed.len() < raw.len() {
+                (KEYS_DEFLATE, packed)
+            } else {
+                (KEYS_PLAIN, raw)
+            }
+        } else {
+            (KEYS_PLAIN, raw)
+        };
+        WireBatch {
+            sent_at_ms: b.sent_at_ms,
+            ack_ms: b.ack_ms,
+            codec,
+            raw_len,
+            block,
+        }
+    }
+}
+
+impl TryFrom<WireBatch> for DeltaBatch {
+    type Error = String;
+
+    fn try_from(w: WireBatch) -> Result<DeltaBatch, String> {
+        let raw_len = w.raw_len as usize;
+        if raw_len > MAX_FRAME_BYTES {
+            return Err(format!(
+                "a batch of {raw_len} bytes is over the frame limit"
+            ));
+        }
+        let inflated;
+        let raw = match w.codec {
+            KEYS_PLAIN => w.block.as_slice(),
+            KEYS_DEFLATE => {
+                inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(&w.block, raw_len)
+                    .map_err(|e| format!("the batch's keys do not inflate: {e}"))?;
+                inflated.as_slice()
+            }
+            other => return Err(format!("unknown encoding {other} of a batch's keys")),
+        };
+        if raw.len() != raw_len {
+            return Err(format!(
+                "the batch's keys are {} bytes, {raw_len} announced",
+                raw.len()
+            ));
+        }
+        let (keys, used): (Vec<KeyEntry>, usize) =
+            bincode::serde::decode_from_slice(raw, config()).map_err(|e| e.to_string())?;
+        if used != raw.len() {
+            return Err(format!(
+                "{} bytes left over after the keys",
+                raw.len() - used
+            ));
+        }
+        Ok(DeltaBatch {
+            sent_at_ms: w.sent_at_ms,
+            ack_ms: w.ack_ms,
+            keys,
+        })
+    }
+}
+
+/// Anti-entropy: hashes of the sender's keys, bucketed by key hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Digest {
+    /// How many buckets the key space is cut into.
+    pub buckets: u32,
+    /// `(bucket, hash of every key's state in it)`, for non-empty buckets.
+    pub hashes: Vec<(u32, u64)>,
+}
+
+/// The most checks in one [`Message::Forward`]: a node forwards at most this many per batch
+/// (its forwarder batches up to it), and refuses a `Forward` with more.
+pub const MAX_FORWARD_CHECKS: usize = 256;
+
+/// The longest `idempotency_key` of a [`ForwardCheck`]: the HTTP API's cap, so a peer cannot
+/// fill its owner's idempotency cache with keys no client could have sent.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
+
+/// One check forwarded to the key's owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardCheck {
+    /// Rule name.
+    pub rule: String,
+    /// Key.
+    pub key: String,
+    /// Cost.
+    pub cost: u64,
+    /// Class.
+    pub class: Option<String>,
+    /// Decide without consuming.
+    pub dry_run: bool,
+    /// A retry identity: the owner answers a repeat from its idempotency cache.
+    pub idempotency_key: Option<String>,
+    /// Give `cost` tokens back instead of taking them.
+    pub refund: bool,
+}
+
+impl ForwardCheck {
+    /// Whether its names are within what a node ever sends ([`MAX_RULE_BYTES`] for the rule
+    /// and the class, [`MAX_KEY_BYTES`] for the key, [`MAX_IDEMPOTENCY_KEY_BYTES`] for the
+    /// idempotency key).
+    pub fn within_bounds(&self) -> bool {
+        self.rule.len() <= MAX_RULE_BYTES
+            && self
+                .idempotency_key
+                .as_ref()
+                .is_none_or(|k| k.len() <= MAX_IDEMPOTENCY_KEY_BYTES)
+            && self.key.len() <= MAX_KEY_BYTES
+            && self
+                .class
+                .as_ref()
+                .is_none_or(|c| c.len() <= MAX_RULE_BYTES)
+    }
+}
+
+/// The owner's answer to one forwarded check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardDecision {
+    /// Allowed.
+    pub allowed: bool,
+    /// What the algorithm decided.
+    pub would_allow: bool,
+    /// Limit.
+    pub limit: u64,
+    /// Remaining.
+    pub remaining: u64,
+    /// Reset after, ms.
+    pub reset_after_ms: u64,
+    /// Retry after, ms, when `would_allow` is false. When it is true (no retry-after then), a
+    /// leaky bucket's `delay_ms`: the field carries it so that the encoding stays version 2's.
+    pub retry_after_ms: u64,
+    /// Decided under a conservative cap.
+    pub degraded: bool,
+}
+
+/// The most override registers in one [`Message::Overrides`]: a node sends more in several
+/// messages, and refuses a message with more.
+pub const MAX_OVERRIDES_PER_MESSAGE: usize = 512;
+
+/// One per-key override as replicated: its rule, its key and its last-writer-wins register.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrideEntry {
+    /// The rule's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The register (a tombstone when deleted).
+    pub reg: levee_core::OverrideReg,
+}
+
+impl OverrideEntry {
+    /// Whether its names are within what a node ever sends ([`MAX_RULE_BYTES`] for the rule,
+    /// [`MAX_KEY_BYTES`] for the key, [`levee_core::overrides::MAX_WRITER_LEN`] for the
+    /// writer's id).
+    pub fn within_bounds(&self) -> bool {
+        self.rule.len() <= MAX_RULE_BYTES
+            && !self.key.is_empty()
+            && self.key.len() <= MAX_KEY_BYTES
+            && self.reg.writer.len() <= levee_core::overrides::MAX_WRITER_LEN
+    }
+}
+
+/// Every message between nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// First message on a connection.
+    Hello(Hello),
+    /// Changed keys since the last batch.
+    Deltas(DeltaBatch),
+    /// Anti-entropy digest; the receiver answers with the keys of buckets that differ.
+    Digest(Digest),
+    /// Asks for every key in these digest buckets.
+    BucketRequest {
+        /// How many buckets the key space is cut into.
+        buckets: u32,
+        /// The buckets wanted.
+        wanted: Vec<u32>,
+    },
+    /// Asks for the full state of every key (join or restart).
+    PullRequest,
+    /// A part of a full state; `done` on the last one.
+    PullChunk {
+        /// The keys.
+        batch: DeltaBatch,
+        /// Whether this is the last chunk.
+        done: bool,
+    },
+    /// The answer to a pull from a node that is itself recovering: it cannot vouch for a
+    /// complete state (the keys it has come as `Deltas` beside this).
+    PullDeferred,
+    /// Checks forwarded to this node as the owner of their keys.
+    Forward {
+        /// Correlates the reply.
+        id: u64,
+        /// The checks, decided in order.
+        checks: Vec<ForwardCheck>,
+    },
+    /// The owner's decisions, in order; `None` where the owner could not decide (unknown
+    /// rule, bad cost): the forwarder then decides alone.
+    ForwardReply {
+        /// The request's id.
+        id: u64,
+        /// One answer per check.
+        decisions: Vec<Option<ForwardDecision>>,
+    },
+    /// Per-key override registers (changed ones at every gossip interval; all of them to a
+    /// peer heard again after a silence, or whose digest differs); at most
+    /// [`MAX_OVERRIDES_PER_MESSAGE`]. Added at the end: versions before it decode every other
+    /// message as before, and refuse this one as unknown.
+    Overrides(Vec<OverrideEntry>),
+    /// Anti-entropy of overrides: the XOR of the hashes of the sender's registers. A receiver
+    /// whose own differs sends all of its registers back.
+    OverrideDigest {
+        /// The XOR of every register's hash (`levee_cluster` computes it).
+        hash: u64,
+    },
+}

@@ -1,0 +1,252 @@
+//! The simulated network under the nodes: faults applied, frames flushed, sent and
+//! delivered, and the bookkeeping of what was in flight and when nodes synced.
+
+use super::*;
+
+impl<'p> Driver<'p> {
+    pub(super) fn apply(&mut self, fault: FaultKind) {
+        match fault {
+            FaultKind::Cut { from, to } => {
+                self.note_in_flight(from, to);
+                self.net.set_cut(from, to, true);
+            }
+            FaultKind::Mend { from, to } => self.net.set_cut(from, to, false),
+            FaultKind::Crash { node } => {
+                if !self.nodes[node].up {
+                    return;
+                }
+                // Remember what the node knew of its own entries, to measure what it forgets.
+                let mut memory = std::mem::take(&mut self.nodes[node].crash_memory);
+                let me = NodeIdx(node as u16);
+                for (k, name) in self.plan.keys.iter().enumerate() {
+                    let Some(crdt) = self.nodes[node].states.state(RULE, name) else {
+                        continue;
+                    };
+                    for slot in &crdt.slots {
+                        let consumed = slot.tallies.get(me).map_or(0, |t| t.consumed);
+                        let given = slot.transfers.given_by(me);
+                        let m = memory.entry((k as u32, slot.epoch)).or_default();
+                        m.0 = m.0.max(consumed);
+                        m.1 = m.1.max(given);
+                    }
+                }
+                // Checks it forwarded die with it: nobody answers their clients.
+                self.forwarded.retain(|&(entry, _), _| entry != node);
+                let n = &mut self.nodes[node];
+                n.crash_memory = memory;
+                n.states.clear();
+                n.up = false;
+            }
+            FaultKind::Restart { node, offset } => {
+                if self.nodes[node].up {
+                    return;
+                }
+                self.nodes[node].offset = offset;
+                let cluster = Cluster::new(self.config(node), self.clock(node));
+                let n = &mut self.nodes[node];
+                n.synced = cluster.is_synced();
+                n.exchange = (0, 0, 0);
+                n.heard.iter_mut().for_each(|h| *h = 0);
+                n.cluster = cluster;
+                n.up = true;
+                n.incarnation += 1;
+                self.flush(node);
+            }
+        }
+    }
+
+    /// Optimistic mode, as the link from region `from` to region `to` is cut: the usage of
+    /// `from`'s nodes that some live node of `to` has not merged yet, for every key and every
+    /// window a clock is in: what is in flight when this part of the partition begins.
+    pub(super) fn note_in_flight(&mut self, from: usize, to: usize) {
+        if self.mode != Consistency::Optimistic {
+            return;
+        }
+        let receivers: Vec<usize> = self.members[to]
+            .iter()
+            .copied()
+            .filter(|&m| self.nodes[m].up)
+            .collect();
+        if receivers.is_empty() {
+            return;
+        }
+        let clocks: Vec<u64> = (0..self.nodes.len())
+            .map(|n| self.plan.window_of(self.clock(n)))
+            .collect();
+        let (lo, hi) = (
+            clocks.iter().copied().min().unwrap_or(0),
+            clocks.iter().copied().max().unwrap_or(0),
+        );
+        for (k, name) in self.plan.keys.iter().enumerate() {
+            for w in lo..=hi {
+                let mut unseen = 0;
+                for &n in &self.members[from] {
+                    let truth = self.ledger.truth(k as u32, w, n);
+                    if truth == 0 {
+                        continue;
+                    }
+                    let seen = receivers
+                        .iter()
+                        .map(|&m| {
+                            self.nodes[m]
+                                .states
+                                .state(RULE, name)
+                                .and_then(|c| c.slot(w))
+                                .and_then(|s| s.tallies.get(NodeIdx(n as u16)))
+                                .map_or(0, |t| t.net())
+                        })
+                        .min()
+                        .unwrap_or(0);
+                    unseen += truth.saturating_sub(seen);
+                }
+                if unseen > 0 {
+                    self.ledger.book(k as u32, w).in_flight_at_cuts += unseen;
+                }
+            }
+        }
+    }
+
+    /// Hands every message node `n` queued to the network, through the real codec, and acts
+    /// on what it reported.
+    pub(super) fn flush(&mut self, n: usize) {
+        loop {
+            self.transmit(n);
+            let Some(event) = self.nodes[n].cluster.poll_event() else {
+                return;
+            };
+            match event {
+                Event::Synced => self.note_sync(n),
+                Event::ForwardReceived { from, id, checks } => {
+                    self.decide_forwarded(n, from, id, &checks);
+                }
+                Event::ForwardAnswered { id, .. } => {
+                    self.forwarded.remove(&(n, id));
+                }
+                Event::ForwardFailed { id } => {
+                    // The owner did not answer in time: decide alone, as a node does.
+                    if let Some((region, key)) = self.forwarded.remove(&(n, id)) {
+                        self.decide(n, region, key, true);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) fn transmit(&mut self, n: usize) {
+        while let Some(out) = self.nodes[n].cluster.poll_transmit() {
+            let to = usize::from(out.to.0);
+            match encode_frame(&out.msg) {
+                Ok(frame) => {
+                    let inc = self.nodes[to].incarnation;
+                    let ack = self.nodes[n].heard[to];
+                    self.net.send_tagged(self.now, n, to, inc, ack, frame);
+                }
+                Err(e) => self.errors.push(format!("node {n}: encode failed: {e}")),
+            }
+        }
+    }
+
+    /// Delivers every message due now.
+    pub(super) fn deliver(&mut self) {
+        while let Some(m) = self.net.pop_due(self.now) {
+            let to = m.to;
+            if !self.nodes[to].up || self.nodes[to].incarnation != m.incarnation {
+                continue;
+            }
+            let msg = match decode_frame(&m.payload) {
+                Ok(msg) => msg,
+                Err(e) => {
+                    self.errors.push(format!("node {to}: decode failed: {e}"));
+                    continue;
+                }
+            };
+            if matches!(msg, Message::Deltas(_) | Message::PullChunk { .. }) {
+                let heard = &mut self.nodes[to].heard[m.from];
+                *heard = (*heard).max(m.sent);
+                match self.sync {
+                    SyncGen::Production => {}
+                    SyncGen::PerExchange => self.note_exchange(to, m.from, m.sent),
+                    SyncGen::PerRoundTrip => self.note_exchange(to, m.from, m.tag),
+                }
+            }
+            let t = self.clock(to);
+            let node = &mut self.nodes[to];
+            node.cluster
+                .handle_message(NodeIdx(m.from as u16), msg, t, &mut node.states);
+            self.flush(to);
+        }
+    }
+
+    /// The experiments of [`SyncGen`]: a delta from `from` reached `to`; `since` is when it
+    /// was sent (per exchange) or the send time of the latest of `to`'s deltas `from` had
+    /// heard when it sent it (per round trip).
+    pub(super) fn note_exchange(&mut self, to: usize, from: usize, since: u64) {
+        let region = self.plan.topology.region_of()[from];
+        let own = self.plan.topology.region_of()[to];
+        let view = self.nodes[to].cluster.view();
+        let node = &mut self.nodes[to];
+        if region == own || since < node.exchange.1 {
+            return;
+        }
+        node.exchange.2 |= 1 << region;
+        let complete = (0..self.members.len()).all(|r| {
+            r == own
+                || view.unreachable.contains(RegionIdx(r as u16))
+                || node.exchange.2 & (1 << r) != 0
+        });
+        if complete {
+            node.exchange = (node.exchange.0 + 1, self.now, 0);
+        }
+    }
+
+    /// When a restarted node has pulled, measures what it forgot, in two parts: what no live
+    /// node knew any more (its own consumption and gifts that had not been gossiped: lost
+    /// with the crash, which the design accepts) and what live peers knew but the node did
+    /// not get back before it started deciding (which nothing excuses).
+    pub(super) fn note_sync(&mut self, n: usize) {
+        let node = &mut self.nodes[n];
+        if node.synced || !node.cluster.is_synced() {
+            return;
+        }
+        node.synced = true;
+        let memory = std::mem::take(&mut node.crash_memory);
+        let me = NodeIdx(n as u16);
+        let entry = |m: usize, k: u32, epoch: u64| -> (u64, u64) {
+            let slot = self.nodes[m]
+                .states
+                .state(RULE, &self.plan.keys[k as usize])
+                .and_then(|c| c.slot(epoch));
+            (
+                slot.and_then(|s| s.tallies.get(me))
+                    .map_or(0, |t| t.consumed),
+                slot.map_or(0, |s| s.transfers.given_by(me)),
+            )
+        };
+        // Only windows the node can still admit in matter: earlier ones are over (and their
+        // slots have left the peers' retention, so comparing them would count as lost what
+        // is merely old).
+        let current = self.plan.window_of(self.clock(n));
+        let mut found = Vec::new();
+        for ((k, epoch), (consumed, given)) in
+            memory.into_iter().filter(|((_, e), _)| *e >= current)
+        {
+            let (own_c, own_g) = entry(n, k, epoch);
+            let (mut peer_c, mut peer_g) = (0, 0);
+            for m in (0..self.nodes.len()).filter(|&m| m != n && self.nodes[m].up) {
+                let (c, g) = entry(m, k, epoch);
+                peer_c = peer_c.max(c);
+                peer_g = peer_g.max(g);
+            }
+            let lost = consumed.saturating_sub(own_c.max(peer_c))
+                + given.saturating_sub(own_g.max(peer_g));
+            let unrecovered = peer_c.saturating_sub(own_c) + peer_g.saturating_sub(own_g);
+            found.push((k, epoch, lost, unrecovered));
+        }
+        for (k, epoch, lost, unrecovered) in found {
+            let book = self.ledger.book(k, epoch);
+            book.forgotten += lost;
+            book.unrecovered += unrecovered;
+        }
+    }
+}

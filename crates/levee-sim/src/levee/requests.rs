@@ -1,0 +1,158 @@
+//! A request arriving at a node: routed as a node routes it, decided there or forwarded to
+//! its owner, and recorded in the ledger.
+
+use super::*;
+
+impl<'p> Driver<'p> {
+    pub(super) fn request(&mut self, region: usize, key: u32) {
+        let name = &self.plan.keys[key as usize];
+        let live: Vec<usize> = self.members[region]
+            .iter()
+            .copied()
+            .filter(|&n| self.nodes[n].up)
+            .collect();
+        if live.is_empty() {
+            // Nobody to ask: the request fails.
+            let window = self.plan.window_of(T0 + self.now);
+            self.ledger.demand(key, window, region);
+            return;
+        }
+        let entry = live[self.route_rng.index(live.len())];
+        let t = self.clock(entry);
+        self.ledger.demand(key, self.plan.window_of(t), region);
+        match self.nodes[entry].cluster.route(name.as_bytes()) {
+            Route::Local => self.decide(entry, region, key, false),
+            Route::Alone => self.decide(entry, region, key, true),
+            Route::Owner(owner) => {
+                let check = ForwardCheck {
+                    rule: RULE.to_owned(),
+                    key: name.clone(),
+                    cost: 1,
+                    class: None,
+                    dry_run: false,
+                    idempotency_key: None,
+                    refund: false,
+                };
+                let id = self.nodes[entry].cluster.forward(owner, vec![check], t);
+                self.forwarded.insert((entry, id), (region, key));
+                self.flush(entry);
+                None
+            }
+        };
+    }
+
+    /// Decides one check of `key`, asked in `region`, at `node`; `acting_alone` when the
+    /// key's owner could not decide it.
+    pub(super) fn decide(
+        &mut self,
+        node: usize,
+        region: usize,
+        key: u32,
+        acting_alone: bool,
+    ) -> Option<Decision> {
+        let name = &self.plan.keys[key as usize];
+        let mut view = self.nodes[node].cluster.view();
+        view.acting_alone = acting_alone;
+        if self.sync != SyncGen::Production {
+            view.sync_gen = self.nodes[node].exchange.0;
+        }
+        let t = self.clock(node);
+        let window = self.plan.window_of(t);
+        let Some(decision) = self.nodes[node].states.decide(RULE, name, 1, t, view) else {
+            self.errors
+                .push(format!("node {node}: no decision for key {name}"));
+            return None;
+        };
+        if !decision.allowed && self.mode == Consistency::Strict && !view.recovering {
+            let limit = self.plan.limit;
+            let book = self.ledger.book(key, window);
+            if book.admitted_total() < limit {
+                book.retry_with_room.0 += 1;
+                book.retry_with_room.1 = book.retry_with_room.1.max(decision.retry_after_ms);
+            }
+        }
+        if decision.allowed {
+            self.ledger.admit(key, window, region, node);
+            if self.mode == Consistency::Optimistic {
+                self.record_slack(node, key, window, region, view);
+            }
+        }
+        Some(decision)
+    }
+
+    /// Node `n`, as a key's owner, decides the checks a region-mate forwarded, and answers.
+    pub(super) fn decide_forwarded(
+        &mut self,
+        n: usize,
+        from: NodeIdx,
+        id: ForwardId,
+        checks: &[ForwardCheck],
+    ) {
+        let region = self.plan.topology.region_of()[n];
+        let mut decisions = Vec::with_capacity(checks.len());
+        for c in checks {
+            let decision = match self.key_index.get(c.key.as_str()) {
+                Some(&key) => self.decide(n, region, key, false),
+                None => None,
+            };
+            decisions.push(decision.map(|d| ForwardDecision {
+                allowed: d.allowed,
+                would_allow: d.would_allow,
+                limit: d.limit,
+                remaining: d.remaining,
+                reset_after_ms: d.reset_after_ms,
+                retry_after_ms: d.retry_after_ms,
+                degraded: d.degraded,
+            }));
+        }
+        let t = self.clock(n);
+        self.nodes[n].cluster.answer_forward(from, id, decisions, t);
+    }
+
+    /// Optimistic mode: what the deciding node had not accounted for at this admission.
+    pub(super) fn record_slack(
+        &mut self,
+        node: usize,
+        key: u32,
+        window: u64,
+        region: usize,
+        view: ClusterView,
+    ) {
+        let name = &self.plan.keys[key as usize];
+        let slot = self.nodes[node]
+            .states
+            .state(RULE, name)
+            .and_then(|c| c.slot(window));
+        let mut last = LastAdmission {
+            at: self.now,
+            ..LastAdmission::default()
+        };
+        for (r, members) in self.members.iter().enumerate() {
+            let seen: u64 = members
+                .iter()
+                .map(|&n| {
+                    slot.and_then(|s| s.tallies.get(NodeIdx(n as u16)))
+                        .map_or(0, |t| t.net())
+                })
+                .sum();
+            let truth: u64 = members
+                .iter()
+                .map(|&n| self.ledger.truth(key, window, n))
+                .sum();
+            let unreachable =
+                r != region && (view.recovering || view.unreachable.contains(RegionIdx(r as u16)));
+            let assumed = if unreachable {
+                seen.max(self.region_limits[r])
+            } else {
+                seen
+            };
+            last.slack += truth.saturating_sub(assumed);
+            last.unseen[r] = truth.saturating_sub(seen);
+            if r == region || !self.net.region_cut(r, region) {
+                last.connected |= 1 << r;
+            }
+        }
+        debug_assert!(self.members.len() <= MAX_REGIONS);
+        self.ledger.set_last(key, window, region, last);
+    }
+}
