@@ -295,7 +295,7 @@ pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
             }
         }
         if let Some(probe) = plan.probe {
-            for h in watches.iter_mut().filter(|h| h.equal_ms.is_none()) {
+            for h in watches.iter_mut().filter(|h| h.usage_ms.is_none()) {
                 let home = plan.home_region(probe);
                 let view = |r: usize| {
                     if r == home {
@@ -309,8 +309,11 @@ pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
                 };
                 let first = view(0);
                 if (1..regions).all(|r| view(r) == first) {
-                    h.equal_ms = Some(now - h.heal_at);
-                    h.dominate_ms = h.equal_ms;
+                    // A baseline's state is what its counters show: consumption and state
+                    // agree at the same moment.
+                    h.usage_ms = Some(now - h.heal_at);
+                    h.equal_ms = h.usage_ms;
+                    h.dominate_ms = h.usage_ms;
                 }
             }
         }

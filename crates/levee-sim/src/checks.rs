@@ -7,7 +7,7 @@
 //! | `optimistic-view` | optimistic | in every window, admitted ≤ limit + the usage the node making the window's last admission had not accounted for (see below) |
 //! | `partition-cap` | both | in a window wholly inside a detected symmetric partition, each side admits at most its share (optimistic: plus what was in flight between its own regions) |
 //! | `partition-share` | both | in such a window, a side whose demand reaches its share admits at least 95 % of it |
-//! | `heal-agreement` | both | after a detected partition heals, every view of the probe key is equal within two gossip intervals plus one round trip |
+//! | `heal-agreement` | both | after a detected partition heals, every view of the probe key's consumption (what `/v1/usage` shows; see `heal.rs`) is equal within two gossip intervals plus one round trip |
 //! | `heal-never` | both | … and they agree before the run ends at all |
 //! | `error`, `panic` | all | no frame fails to encode or decode, no decision is missing, nothing panics |
 //!
@@ -126,9 +126,10 @@ pub enum ViolationKind {
     PartitionCap,
     /// A side of a partition with the demand admitted less than 95 % of its share.
     PartitionShare,
-    /// Views agreed after a heal, but later than two gossip intervals plus one round trip.
+    /// Views of consumption agreed after a heal, but later than two gossip intervals plus
+    /// one round trip.
     HealAgreement,
-    /// Views had not agreed when the run ended.
+    /// Views of consumption had not agreed when the run ended.
     HealNever,
     /// Strict mode denied a check while the window still had room (by the true tallies)
     /// with a retry-after longer than the time rights take to arrive
@@ -313,19 +314,19 @@ pub fn check_levee(
         }
     }
     for h in heals.iter().filter(|h| h.detected) {
-        match h.equal_ms {
+        match h.usage_ms {
             None => push(
                 ViolationKind::HealNever,
                 format!(
-                    "heal at {} ms: views of the probe key never agreed (all held the heal's state after {:?} ms)",
+                    "heal at {} ms: views of the probe key's usage never agreed (all held the heal's state after {:?} ms)",
                     h.heal_at, h.dominate_ms
                 ),
             ),
             Some(ms) if ms > h.target_ms => push(
                 ViolationKind::HealAgreement,
                 format!(
-                    "heal at {} ms: views agreed after {ms} ms > target {} ms (all held the heal's state after {:?} ms)",
-                    h.heal_at, h.target_ms, h.dominate_ms
+                    "heal at {} ms: views of the probe key's usage agreed after {ms} ms > target {} ms (whole states equal after {:?} ms, all held the heal's state after {:?} ms)",
+                    h.heal_at, h.target_ms, h.equal_ms, h.dominate_ms
                 ),
             ),
             _ => {}

@@ -2,10 +2,16 @@
 //!
 //! Measured on the probe key, which sees a little demand on every side while a partition
 //! lasts and none from 300 ms before the heal, so its state stops changing and "every view
-//! is equal" has a moment at which it becomes true. Two times are recorded from the heal:
+//! is equal" has a moment at which it becomes true. Three times are recorded from the heal:
 //!
-//! * `equal_ms`: until every live node's `MemoryStates::state` of the key is equal (the
-//!   figure the design's property is about);
+//! * `usage_ms`: until every live node's view of the key's *consumption* is equal — tokens
+//!   consumed net of refunds, per node and window, what `/v1/usage` is computed from (its
+//!   `used` and `regions`). This is agreement as a client can observe it, and the figure the
+//!   `heal-agreement` property is about (issue #13, item 5); the baselines' figure is the same
+//!   comparison of what each region's counter shows;
+//! * `equal_ms`: until every live node's whole replicated state of the key is equal, the
+//!   rights bookkeeping (transfers) and request tallies included — when rebalancing has
+//!   settled too, reported beside the property;
 //! * `dominate_ms`: until every live node's state holds everything any node held at the
 //!   heal (the pull exchange alone; writes made after the heal, such as a forecast that
 //!   decays and is republished, can make `equal_ms` later).
@@ -39,7 +45,11 @@ pub struct HealFigure {
     pub rtt_ms: u64,
     /// Whether the run had no random message loss.
     pub lossless: bool,
-    /// Time from the heal until every view was equal; `None` if not before the run ended.
+    /// Time from the heal until every live node's view of the probe key's consumption (net
+    /// of refunds, per node and window) was equal; `None` if not before the run ended.
+    pub usage_ms: Option<u64>,
+    /// Time from the heal until every view of the whole replicated state (rights and request
+    /// tallies included) was equal; `None` if not before the run ended.
     pub equal_ms: Option<u64>,
     /// Time from the heal until every view held all that any held at the heal.
     pub dominate_ms: Option<u64>,
@@ -67,13 +77,19 @@ impl HealFigure {
             target_ms: 2 * p.gossip_interval + rtt + 2 * (plan.net.jitter_ms + reorder),
             rtt_ms: rtt,
             lossless: plan.net.loss == 0.0,
+            usage_ms: None,
             equal_ms: None,
             dominate_ms: None,
         }
     }
 
-    /// Whether agreement came within the target.
+    /// Whether the views of consumption agreed within the target.
     pub fn within_target(&self) -> bool {
+        self.usage_ms.is_some_and(|ms| ms <= self.target_ms)
+    }
+
+    /// Whether the whole replicated state (rights included) was equal within the target.
+    pub fn state_within_target(&self) -> bool {
         self.equal_ms.is_some_and(|ms| ms <= self.target_ms)
     }
 }
@@ -126,15 +142,84 @@ impl HealWatch {
         if self.fig.equal_ms.is_none() && states.windows(2).all(|w| w[0] == w[1]) {
             self.fig.equal_ms = Some(since);
         }
+        if self.fig.usage_ms.is_none() {
+            let first = consumption(states.first());
+            if states.iter().skip(1).all(|s| consumption(Some(s)) == first) {
+                self.fig.usage_ms = Some(since);
+            }
+        }
     }
 
-    /// Whether both times are known.
+    /// Whether all three times are known.
     pub fn done(&self) -> bool {
-        self.fig.equal_ms.is_some() && self.fig.dominate_ms.is_some()
+        self.fig.usage_ms.is_some() && self.fig.equal_ms.is_some() && self.fig.dominate_ms.is_some()
     }
 
     /// The figure.
     pub fn figure(self) -> HealFigure {
         self.fig
+    }
+}
+
+/// A view's consumption: per window, every node's tokens consumed net of refunds (nodes
+/// with none left out), what `/v1/usage` sums per region and in all.
+fn consumption(state: Option<&KeyCrdt>) -> Vec<(u64, Vec<(u16, u64)>)> {
+    let Some(state) = state else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u64, Vec<(u16, u64)>)> = state
+        .slots
+        .iter()
+        .map(|slot| {
+            let mut nodes: Vec<(u16, u64)> = slot
+                .tallies
+                .iter()
+                .map(|(n, t)| (n.0, t.net()))
+                .filter(|&(_, net)| net > 0)
+                .collect();
+            nodes.sort_unstable();
+            (slot.epoch, nodes)
+        })
+        .filter(|(_, nodes)| !nodes.is_empty())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::consumption;
+    use levee_core::{KeyCrdt, NodeIdx};
+
+    fn view(consumed: &[(u16, u64, u64)], given: u64) -> KeyCrdt {
+        let mut k = KeyCrdt::default();
+        for &(node, consumed, requested) in consumed {
+            let t = k.slot_mut(7).tallies.entry(NodeIdx(node));
+            t.consumed = consumed;
+            t.requested = requested;
+        }
+        if given > 0 {
+            k.slot_mut(7).transfers.give(NodeIdx(0), NodeIdx(1), given);
+        }
+        k
+    }
+
+    #[test]
+    fn views_of_usage_agree_when_consumption_does_whatever_the_rights_bookkeeping_says() {
+        let a = view(&[(0, 5, 9), (1, 3, 3)], 0);
+        let b = view(&[(0, 5, 12), (1, 3, 3)], 4);
+        assert_ne!(a, b, "the whole states differ (requests, transfers)");
+        assert_eq!(consumption(Some(&a)), consumption(Some(&b)));
+        let c = view(&[(0, 5, 9), (1, 4, 4)], 0);
+        assert_ne!(
+            consumption(Some(&a)),
+            consumption(Some(&c)),
+            "one more admission at node 1"
+        );
+        assert_eq!(
+            consumption(Some(&view(&[(2, 0, 6)], 3))),
+            consumption(None),
+            "a node that consumed nothing shows no usage"
+        );
     }
 }

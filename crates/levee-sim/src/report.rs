@@ -146,7 +146,11 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                 let _ = writeln!(s, "  {rel:>3} | {}", cells.join(" "));
             }
         }
-        if run.heals.iter().any(|h| h.equal_ms.is_none()) {
+        if run
+            .heals
+            .iter()
+            .any(|h| h.usage_ms.is_none() || h.equal_ms.is_none())
+        {
             let _ = writeln!(s, "probe key's state on every live node at the end:");
             for (n, v) in run.probe_views.iter().enumerate() {
                 let _ = writeln!(s, "  node {n}: {v:?}");
@@ -155,8 +159,8 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
         for h in &run.heals {
             let _ = writeln!(
                 s,
-                "heal at {} ms ({:?}, detected {}): views equal after {:?} ms, all held the heal's state after {:?} ms, target {} ms",
-                h.heal_at, h.kind, h.detected, h.equal_ms, h.dominate_ms, h.target_ms
+                "heal at {} ms ({:?}, detected {}): usage views equal after {:?} ms, whole states equal after {:?} ms, all held the heal's state after {:?} ms, target {} ms",
+                h.heal_at, h.kind, h.detected, h.usage_ms, h.equal_ms, h.dominate_ms, h.target_ms
             );
         }
     }

@@ -475,38 +475,46 @@ impl Summary {
     }
 }
 
-/// A line about agreement times: how many heals, percentiles, how many within the target.
+/// A line about agreement times: how many heals, percentiles of the time until the views of
+/// consumption agreed (the `heal-agreement` property), how many within the target, and the
+/// same for the whole replicated state (rights included), which settles later.
 pub fn heal_line(heals: &[HealFigure]) -> String {
     let detected: Vec<&HealFigure> = heals.iter().filter(|h| h.detected).collect();
     if detected.is_empty() {
         return "no detected partition".to_owned();
     }
-    let mut ms: Vec<u64> = detected.iter().filter_map(|h| h.equal_ms).collect();
-    ms.sort_unstable();
-    let never = detected.len() - ms.len();
-    let never_lossless = detected
-        .iter()
-        .filter(|h| h.lossless && h.equal_ms.is_none())
-        .count();
-    let q = |q: f64| {
-        if ms.is_empty() {
+    let sorted = |f: fn(&HealFigure) -> Option<u64>| {
+        let mut v: Vec<u64> = detected.iter().filter_map(|h| f(h)).collect();
+        v.sort_unstable();
+        v
+    };
+    let q = |v: &[u64], q: f64| {
+        if v.is_empty() {
             0
         } else {
-            ms[((ms.len() - 1) as f64 * q).round() as usize]
+            v[((v.len() - 1) as f64 * q).round() as usize]
         }
     };
+    let usage = sorted(|h| h.usage_ms);
+    let state = sorted(|h| h.equal_ms);
+    let dom = sorted(|h| h.dominate_ms);
+    let never = detected.len() - usage.len();
+    let never_lossless = detected
+        .iter()
+        .filter(|h| h.lossless && h.usage_ms.is_none())
+        .count();
     let within = detected.iter().filter(|h| h.within_target()).count();
     let lossless: Vec<&&HealFigure> = detected.iter().filter(|h| h.lossless).collect();
     let lossless_within = lossless.iter().filter(|h| h.within_target()).count();
+    let lossy = detected.len() - lossless.len();
+    let lossy_within = within - lossless_within;
     let mut ratio: Vec<f64> = detected
         .iter()
-        .filter_map(|h| h.equal_ms.map(|m| m as f64 / h.target_ms.max(1) as f64))
+        .filter_map(|h| h.usage_ms.map(|m| m as f64 / h.target_ms.max(1) as f64))
         .collect();
     ratio.sort_by(f64::total_cmp);
     let worst_ratio = ratio.last().copied().unwrap_or(0.0);
-    let mut dom: Vec<u64> = detected.iter().filter_map(|h| h.dominate_ms).collect();
-    dom.sort_unstable();
-    let dom_p50 = dom.get(dom.len() / 2).copied().unwrap_or(0);
+    let state_within = detected.iter().filter(|h| h.state_within_target()).count();
     let per_rtt = |f: fn(&HealFigure) -> Option<u64>| {
         let mut v: Vec<f64> = lossless
             .iter()
@@ -515,23 +523,29 @@ pub fn heal_line(heals: &[HealFigure]) -> String {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
-    let equal_rtt = per_rtt(|h| h.equal_ms);
-    let dom_rtt = per_rtt(|h| h.dominate_ms);
     format!(
-        "n={} p50 {} ms, p99 {} ms, max {} ms; within target {}/{} (lossless runs {}/{}); worst {:.2} × target; never agreed {} ({} in lossless runs); all views held the heal's state: p50 {} ms; lossless runs, median in RTTs: equal {:.2}, held {:.2}",
+        "n={} usage views agree: p50 {} ms, p99 {} ms, max {} ms; within target {}/{} (lossless {}/{}, with loss {}/{}); worst {:.2} × target; never agreed {} ({} lossless); whole states (rights included) equal: p50 {} ms, p99 {} ms, within target {}/{}, never {}; all views held the heal's state: p50 {} ms; lossless, median in RTTs: usage {:.2}, state {:.2}, held {:.2}",
         detected.len(),
-        q(0.5),
-        q(0.99),
-        q(1.0),
+        q(&usage, 0.5),
+        q(&usage, 0.99),
+        q(&usage, 1.0),
         within,
         detected.len(),
         lossless_within,
         lossless.len(),
+        lossy_within,
+        lossy,
         worst_ratio,
         never,
         never_lossless,
-        dom_p50,
-        equal_rtt,
-        dom_rtt,
+        q(&state, 0.5),
+        q(&state, 0.99),
+        state_within,
+        detected.len(),
+        detected.len() - state.len(),
+        q(&dom, 0.5),
+        per_rtt(|h| h.usage_ms),
+        per_rtt(|h| h.equal_ms),
+        per_rtt(|h| h.dominate_ms),
     )
 }

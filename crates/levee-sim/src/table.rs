@@ -226,7 +226,7 @@ pub fn run_table(seeds: u64, threads: usize, sync: SyncGen) -> AccuracyTable {
                             cell.partition_max = cell.partition_max.max(x);
                         }
                         cell.agree_ms
-                            .extend(run.heals.iter().filter_map(|h| h.equal_ms));
+                            .extend(run.heals.iter().filter_map(|h| h.usage_ms));
                     }
                 }
             }

@@ -2,10 +2,11 @@
 //! `cargo run --release -p levee-sim -- --seeds 10000`. Two properties are not asserted
 //! here because this version does not meet them everywhere — optimistic overshoot within
 //! the limit plus what was in flight when a partition began (a claim raised into another
-//! region's unused share just after a cut it has not detected), and agreement within two
-//! gossip intervals and a round trip after a heal: the full run reports them with replay
-//! commands, and `docs/accuracy.md` gives the figures. Every test names the property
-//! it checks; a failure lists every violating run with the command that replays it.
+//! region's unused share just after a cut it has not detected), and optimistic agreement
+//! within two gossip intervals and a round trip after a heal with message loss (a lost
+//! catch-up left to anti-entropy): the full run reports them with replay commands, and
+//! `docs/accuracy.md` gives the figures. Every test names the property it checks; a failure
+//! lists every violating run with the command that replays it.
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -141,6 +142,42 @@ fn each_side_of_a_partition_stays_within_its_cap_and_admits_its_share() {
             &[ViolationKind::PartitionCap, ViolationKind::PartitionShare],
         ),
         "a side of a partition beyond its cap or below 95 % of its share",
+    );
+}
+
+/// Strict mode: after every detected heal, every region's view of the probe key's usage (what
+/// `/v1/usage` shows) agrees within two gossip intervals and a round trip.
+#[test]
+fn strict_views_of_usage_agree_within_two_gossip_intervals_and_a_round_trip_of_a_heal() {
+    let outcomes = runs(&Scenario::ALL);
+    let heals: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| o.run(Policy::Strict))
+        .flat_map(|r| r.heals.iter().filter(|h| h.detected))
+        .collect();
+    assert!(heals.len() >= 5, "only {} detected heals", heals.len());
+    assert!(
+        heals.iter().any(|h| !h.lossless) && heals.iter().any(|h| h.lossless),
+        "heals with and without message loss"
+    );
+    let strict_only: Vec<String> = outcomes
+        .iter()
+        .flat_map(|o| {
+            o.violations
+                .iter()
+                .filter(|v| {
+                    v.policy == Policy::Strict
+                        && matches!(
+                            v.kind,
+                            ViolationKind::HealAgreement | ViolationKind::HealNever
+                        )
+                })
+                .map(move |v| format!("{v}\n    replay: {}", o.replay_command()))
+        })
+        .collect();
+    assert_none(
+        strict_only,
+        "strict views of usage not agreed in time after a heal",
     );
 }
 
