@@ -521,3 +521,35 @@ fn check_command_prints_a_readable_decision_and_exits_0_allowed_1_denied() {
     assert_ne!(out.status.code(), Some(1), "an error is not a denial");
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
 }
+
+/// Optimistic mode was removed (docs/accuracy.md): a configuration that names it is refused
+/// with the field, its line and the replacement; `strict`, and no `mode` at all, are
+/// accepted; any other value is refused naming the only mode.
+#[test]
+fn a_cluster_in_the_removed_optimistic_mode_is_refused_naming_the_replacement() {
+    let config = |mode: &str| {
+        format!(
+            "[node]\nid = \"eu-1\"\nregion = \"eu\"\n\n[cluster]\n{mode}\nregions = {{ eu = 1, us = 1 }}\n\
+             tls = {{ ca = \"ca.pem\", cert = \"eu-1.pem\", key = \"eu-1.key\" }}\n\n\
+             [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:8751\"\n\n\
+             [[cluster.node]]\nid = \"us-1\"\nregion = \"us\"\naddr = \"127.0.0.1:8753\"\n"
+        )
+    };
+    let (code, out) = levee_blackbox::config_check(&config("mode = \"optimistic\""));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(":6: cluster.mode:"), "file, line and field: {out}");
+    assert!(
+        out.contains("\"optimistic\" was removed") && out.contains("use mode = \"strict\""),
+        "the reason and the replacement: {out}"
+    );
+    let (code, out) = levee_blackbox::config_check(&config("mode = \"eventual\""));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cluster.mode") && out.contains("the only mode is \"strict\""),
+        "{out}"
+    );
+    for accepted in ["mode = \"strict\"", ""] {
+        let (code, out) = levee_blackbox::config_check(&config(accepted));
+        assert_eq!(code, Some(0), "{accepted:?}: {out}");
+    }
+}

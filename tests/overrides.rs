@@ -383,7 +383,6 @@ mod cluster {
 
     use levee_blackbox::cluster::{Cluster, ClusterSpec};
     use levee_blackbox::{Reply, encode_segment, levee_binary, wait_until};
-    use levee_core::Consistency;
     use serde_json::json;
 
     const RULES: &str = r#"
@@ -410,9 +409,8 @@ burst = 50
         LOCK.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn start(mode: Consistency) -> Cluster {
+    fn start() -> Cluster {
         let mut spec = ClusterSpec::new(levee_binary(), &["eu", "us"], 2, RULES);
-        spec.mode = mode;
         spec.dir_prefix = "levee-overrides-".into();
         Cluster::start(&spec).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -460,9 +458,10 @@ burst = 50
         }
     }
 
-    fn an_override_written_on_one_node_decides_on_every_node(mode: Consistency) {
+    #[test]
+    fn an_override_written_on_one_node_decides_on_every_node() {
         let _one = one_at_a_time();
-        let c = start(mode);
+        let c = start();
         let (eu1, us2) = (0, 3);
         assert_eq!(c.region_of(us2), "us");
         let r = put(&c, eu1, "daily", "gold", json!({"limit": 5000}));
@@ -497,19 +496,9 @@ burst = 50
     }
 
     #[test]
-    fn strict_an_override_written_on_one_node_decides_on_every_node() {
-        an_override_written_on_one_node_decides_on_every_node(Consistency::Strict);
-    }
-
-    #[test]
-    fn optimistic_an_override_written_on_one_node_decides_on_every_node() {
-        an_override_written_on_one_node_decides_on_every_node(Consistency::Optimistic);
-    }
-
-    #[test]
     fn a_region_cut_off_gets_the_overrides_when_it_is_heard_again() {
         let _one = one_at_a_time();
-        let c = start(Consistency::Strict);
+        let c = start();
         let us = c.nodes_in("us");
         for &i in &us {
             c.signal(i, "STOP").expect("stopped");
@@ -543,7 +532,7 @@ burst = 50
     #[test]
     fn strict_an_overrides_limit_holds_globally_raised_or_lowered() {
         let _one = one_at_a_time();
-        let c = start(Consistency::Strict);
+        let c = start();
         // Lower than the rule's: 40 across the whole cluster, however the load is spread.
         let r = put(&c, 0, "daily", "small", json!({"limit": 40}));
         spread(&c, "daily", "small", Some(&r.json));

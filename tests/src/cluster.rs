@@ -30,7 +30,6 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use levee_core::Consistency;
 use levee_node::local_cluster::{LocalCluster, LocalNode};
 use serde::Serialize;
 use serde_json::Value;
@@ -74,8 +73,6 @@ pub struct ClusterSpec {
     pub poll_interval: Duration,
     /// The prefix of the cluster's temporary directory.
     pub dir_prefix: String,
-    /// `cluster.mode` (strict unless a test says otherwise).
-    pub mode: Consistency,
 }
 
 impl ClusterSpec {
@@ -100,7 +97,6 @@ impl ClusterSpec {
             restart_ready_timeout: Duration::from_secs(20),
             poll_interval: Duration::from_millis(20),
             dir_prefix: "levee-cluster-".into(),
-            mode: Consistency::Strict,
         }
     }
 
@@ -275,7 +271,6 @@ impl Cluster {
                 regions: spec.regions.clone(),
                 nodes_per_region: spec.nodes_per_region,
                 base_port,
-                mode: spec.mode,
                 rules: rules.clone(),
                 notify: Vec::new(),
                 gossip_interval: format!("{}ms", spec.gossip_interval_ms),

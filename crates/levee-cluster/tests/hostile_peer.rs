@@ -5,7 +5,7 @@
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig, DIGEST_BUCKETS, Event, KeyStates};
 use levee_core::crdt::Tally;
-use levee_core::{Consistency, KeyCrdt, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
+use levee_core::{KeyCrdt, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{
     DeltaBatch, Digest, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES,
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES, Message, encode_id,
@@ -37,7 +37,6 @@ impl Node {
         let cfg = ClusterConfig {
             me: NodeIdx(0),
             replicas: replicas.clone(),
-            consistency: Consistency::Strict,
             gossip_interval: 20,
             suspect_after: 300,
             anti_entropy_interval: 200,

@@ -3,7 +3,7 @@
 
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig};
-use levee_core::{Consistency, KeyCrdt, Lattice, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
+use levee_core::{KeyCrdt, Lattice, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{Message, decode_frame, encode_frame};
 use levee_testkit::net::{InFlightOnCut, Latency, Net as Network};
 use levee_testkit::rng::SeededRng;
@@ -48,18 +48,17 @@ fn window_rule(limit: u64) -> levee_core::Rule {
 }
 
 impl Net {
-    fn new(replicas: ReplicaSet, limit: u64, consistency: Consistency) -> Net {
-        Net::with_rule(replicas, window_rule(limit), consistency)
+    fn new(replicas: ReplicaSet, limit: u64) -> Net {
+        Net::with_rule(replicas, window_rule(limit))
     }
 
-    fn with_rule(replicas: ReplicaSet, rule: levee_core::Rule, consistency: Consistency) -> Net {
+    fn with_rule(replicas: ReplicaSet, rule: levee_core::Rule) -> Net {
         let nodes = replicas
             .nodes()
             .map(|me| {
                 let cfg = ClusterConfig {
                     me,
                     replicas: replicas.clone(),
-                    consistency,
                     gossip_interval: TICK,
                     suspect_after: 300,
                     anti_entropy_interval: 200,
@@ -170,7 +169,7 @@ impl Net {
 
 #[test]
 fn a_new_cluster_syncs_and_every_node_sees_every_region() {
-    let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 100, Consistency::Strict);
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 100);
     assert!(!net.nodes[0].0.is_synced());
     net.start();
     for (cluster, _) in &net.nodes {
@@ -182,7 +181,7 @@ fn a_new_cluster_syncs_and_every_node_sees_every_region() {
 
 #[test]
 fn deltas_make_every_view_of_a_key_agree() {
-    let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 1_000, Consistency::Strict);
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), 1_000);
     net.start();
     for i in 0..30 {
         net.decide(i % 6, "acme");
@@ -198,7 +197,7 @@ fn deltas_make_every_view_of_a_key_agree() {
 
 #[test]
 fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
-    let mut net = Net::new(replicas(&["eu"], 3), 100, Consistency::Strict);
+    let mut net = Net::new(replicas(&["eu"], 3), 100);
     net.start();
     let key = (0..100)
         .map(|i| format!("k{i}"))
@@ -227,7 +226,7 @@ fn ownership_moves_off_a_silent_node_and_back_when_it_is_heard_again() {
 
 #[test]
 fn a_cut_off_region_is_unreachable_and_views_agree_after_the_heal() {
-    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), 300, Consistency::Strict);
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), 300);
     net.start();
     net.isolate(2, true);
     net.run(400);
@@ -257,7 +256,7 @@ fn anti_entropy_repairs_deltas_that_were_lost() {
     let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
         .validate()
         .unwrap();
-    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule, Consistency::Strict);
+    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule);
     net.start();
     net.isolate(1, true);
     for _ in 0..10 {
@@ -275,7 +274,7 @@ fn anti_entropy_repairs_deltas_that_were_lost() {
 
 #[test]
 fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
-    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000, Consistency::Strict);
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000);
     net.start();
     for _ in 0..40 {
         net.decide(0, "acme");
@@ -286,7 +285,6 @@ fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
     let cfg = ClusterConfig {
         me,
         replicas: net.replicas.clone(),
-        consistency: Consistency::Strict,
         gossip_interval: TICK,
         suspect_after: 300,
         anti_entropy_interval: 200,
@@ -318,7 +316,7 @@ proptest! {
         drop_every in 2u64..9,
         plan in prop::collection::vec((0usize..6, 0u8..4), 20..80),
     ) {
-        let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), limit, Consistency::Strict);
+        let mut net = Net::new(replicas(&["ap", "eu", "us"], 2), limit);
         net.drop_every = Some(drop_every);
         net.start();
         let mut admitted = std::collections::BTreeMap::<u64, u64>::new();
@@ -346,7 +344,7 @@ proptest! {
 fn skewed_demand_gets_nearly_the_whole_limit_every_window_from_the_third_on() {
     // Three regions, demand 90/5/5 at twice the limit, spread evenly over each window.
     let limit = 1_000u64;
-    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), limit, Consistency::Strict);
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), limit);
     net.set_latency(50); // 100 ms round trip
     net.run(1_000 - (net.now() % 1_000));
     let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
@@ -382,7 +380,7 @@ fn after_a_burst_in_one_region_a_day_quota_still_flows_to_the_others_demand() {
     let rule = RuleSpec::fixed_window("r", 3_000, 86_400_000)
         .validate()
         .unwrap();
-    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule, Consistency::Strict);
+    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule);
     net.start();
     let (eu, us) = (1, 2);
     for _ in 0..40 {
@@ -416,7 +414,7 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
     let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
         .validate()
         .unwrap();
-    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule, Consistency::Strict);
+    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule);
     net.start();
     for _ in 0..25 {
         net.decide(1, "acme");
@@ -425,7 +423,6 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
     let cfg = ClusterConfig {
         me: NodeIdx(0),
         replicas: net.replicas.clone(),
-        consistency: Consistency::Strict,
         gossip_interval: TICK,
         suspect_after: 300,
         anti_entropy_interval: 200,
@@ -454,20 +451,14 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
 /// Runs a partition of `cut` (pairs of nodes, one direction each) long enough to be
 /// detected, with decisions on every node during it and none from 300 ms before the heal,
 /// then heals it and returns how long (simulated ms) until every node's state of the key
-/// holds everything any node held at the heal and, with `equal`, until every node's state
-/// is the same; `None` if not within `within` ms.
-fn agreement_after_heal(
-    consistency: Consistency,
-    cut: &[(usize, usize)],
-    latency: u64,
-    within: u64,
-    equal: bool,
-) -> Option<u64> {
+/// holds everything any node held at the heal and every node's view of its consumption (what
+/// `/v1/usage` shows) is the same; `None` if not within `within` ms.
+fn agreement_after_heal(cut: &[(usize, usize)], latency: u64, within: u64) -> Option<u64> {
     // A minute's window, so that the compared state does not change windows meanwhile.
     let rule = RuleSpec::fixed_window("r", 100_000, 60_000)
         .validate()
         .unwrap();
-    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule, consistency);
+    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), rule);
     net.set_latency(latency);
     net.start();
     // A cut breaks the connection: what it carried is lost with it.
@@ -502,8 +493,10 @@ fn agreement_after_heal(
             let mut j = v.clone();
             !j.join(&at_heal)
         });
-        let same = views.windows(2).all(|w| w[0] == w[1]);
-        if holds_all && (same || !equal) {
+        let same_usage = views
+            .windows(2)
+            .all(|w| w[0].consumption() == w[1].consumption());
+        if holds_all && same_usage {
             return Some(net.now() - healed);
         }
     }
@@ -519,24 +512,20 @@ fn every_view_agrees_within_two_gossip_intervals_and_a_round_trip_of_a_heal() {
     let isolated = [(2, 0), (0, 2), (2, 1), (1, 2)];
     let split = [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)];
     let one_way = [(0, 2), (1, 2)];
-    // Optimistic views must be equal. Strict views must hold everything any view held at
-    // the heal: equality there also waits for the demand forecasts, which every node keeps
-    // republishing as they decay (a write after the heal, not a partition's leftover).
-    for (consistency, equal) in [
-        (Consistency::Optimistic, true),
-        (Consistency::Strict, false),
+    // Views must hold everything any view held at the heal and agree on consumption; whole
+    // states are equal only later, once the demand forecasts, which every node keeps
+    // republishing as they decay, have settled (a write after the heal, not a partition's
+    // leftover).
+    for (name, cut) in [
+        ("region isolated", &isolated[..]),
+        ("full split", &split[..]),
+        ("one way", &one_way[..]),
     ] {
-        for (name, cut) in [
-            ("region isolated", &isolated[..]),
-            ("full split", &split[..]),
-            ("one way", &one_way[..]),
-        ] {
-            let took = agreement_after_heal(consistency, cut, latency, 2_000, equal);
-            assert!(
-                took.is_some_and(|ms| ms <= bound),
-                "{consistency:?}, {name}: views agreed after {took:?} ms, bound {bound} ms"
-            );
-        }
+        let took = agreement_after_heal(cut, latency, 2_000);
+        assert!(
+            took.is_some_and(|ms| ms <= bound),
+            "{name}: views agreed after {took:?} ms, bound {bound} ms"
+        );
     }
 }
 
@@ -547,7 +536,6 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
     let cfg = ClusterConfig {
         me: NodeIdx(0),
         replicas: set.clone(),
-        consistency: Consistency::Optimistic,
         gossip_interval: TICK,
         suspect_after: 300,
         anti_entropy_interval: 200,
@@ -609,7 +597,7 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
 #[test]
 fn the_incremental_digest_equals_a_full_recount_and_agrees_across_nodes() {
     use levee_cluster::{DIGEST_BUCKETS, KeyStates, bucket_of, key_fingerprint};
-    let mut net = Net::new(replicas(&["eu", "us"], 2), 1_000, Consistency::Strict);
+    let mut net = Net::new(replicas(&["eu", "us"], 2), 1_000);
     net.start();
     for i in 0..200 {
         net.decide(i % 4, &format!("k{}", i % 37));
@@ -682,11 +670,7 @@ fn a_region_mate_that_takes_over_a_dead_owners_key_admits_at_low_load_and_says_d
         RuleSpec::token_bucket("r", 1_000_000, 60_000, 1_000_000),
     ] {
         let name = format!("{:?}", rule.algorithm);
-        let mut net = Net::with_rule(
-            replicas(&["eu", "us"], 2),
-            rule.validate().unwrap(),
-            Consistency::Strict,
-        );
+        let mut net = Net::with_rule(replicas(&["eu", "us"], 2), rule.validate().unwrap());
         net.start();
         let key = (0..100)
             .map(|i| format!("k{i}"))
@@ -744,7 +728,7 @@ fn a_strict_sliding_log_never_admits_more_than_its_limit_in_any_window_across_re
     let rule = RuleSpec::sliding_log("r", limit, window)
         .validate()
         .unwrap();
-    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 2), rule, Consistency::Strict);
+    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 2), rule);
     net.set_latency(25);
     net.start();
     // Demand of twice the limit, skewed toward one node, which moves halfway; one node is cut

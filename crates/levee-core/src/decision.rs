@@ -1,51 +1,21 @@
 //! What a decision says, and the context a node decides in.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::replica::{NodeIdx, RegionMask, ReplicaSet};
 use crate::rule::RuleMode;
 use crate::time::Millis;
 
-/// How the cluster keeps a global limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Consistency {
-    /// Escrow: a node spends only rights it holds. The global limit holds under any partition.
-    #[default]
-    Strict,
-    /// Shared counter: a node admits against the merged global usage; for fixed windows and
-    /// quotas within a per-epoch claim raised in rounds (the claims never sum above the limit
-    /// on a healthy network), for sliding windows and token buckets taking, between two syncs,
-    /// at most its region's share of what was left.
-    Optimistic,
-}
-
-impl Consistency {
-    /// The mode's name as in the configuration.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Consistency::Strict => "strict",
-            Consistency::Optimistic => "optimistic",
-        }
-    }
-}
-
 /// What a node knows of the cluster when it decides: given by the cluster layer, read by the
 /// core. A single node on its own uses [`ClusterView::alone`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ClusterView {
-    /// Strict or optimistic.
-    pub consistency: Consistency,
     /// Regions not heard from within `suspect_after`.
     pub unreachable: RegionMask,
-    /// Advances at every completed gossip exchange; optimistic mode resets its per-sync
-    /// allowance (sliding windows, token buckets) when it changes.
-    pub sync_gen: u64,
     /// This node is not the key's owner and decides alone because the owner is unreachable.
     pub acting_alone: bool,
     /// This node has (re)started and not yet pulled the cluster's state: it may not know
-    /// what it consumed or gave away before, so strict mode admits nothing and optimistic
-    /// mode treats every other region as unreachable.
+    /// what it consumed or gave away before, so it admits nothing.
     pub recovering: bool,
 }
 
@@ -53,9 +23,7 @@ impl ClusterView {
     /// The view of a node with no peers.
     pub const fn alone() -> ClusterView {
         ClusterView {
-            consistency: Consistency::Strict,
             unreachable: RegionMask::EMPTY,
-            sync_gen: 0,
             acting_alone: false,
             recovering: false,
         }

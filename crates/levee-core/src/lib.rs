@@ -1,7 +1,7 @@
 //! # levee-core
 //!
-//! The pure heart of Levee: rules and their algorithms, region-aware CRDT counters, strict
-//! (escrow) and optimistic global limits, and decisions. No I/O, no clock, no async runtime:
+//! The pure heart of Levee: rules and their algorithms, region-aware CRDT counters, global
+//! limits held by escrow (every node spends only the rights it holds), and decisions. No I/O, no clock, no async runtime:
 //! every function that needs the time takes `now` (milliseconds since the Unix epoch) as an
 //! argument, so the same code runs in a node, in the deterministic simulator and in tests.
 //!
@@ -47,7 +47,7 @@ pub mod state;
 pub mod time;
 
 pub use crdt::{KeyCrdt, Lattice};
-pub use decision::{AllDecision, ClusterView, Consistency, DecideCtx, Decision, Usage};
+pub use decision::{AllDecision, ClusterView, DecideCtx, Decision, Usage};
 pub use escrow::RebalanceCtx;
 pub use overrides::{Effect, OverrideReg, OverrideValue};
 pub use replica::{NodeIdx, RegionIdx, RegionMask, ReplicaSet, ReplicaSpec};

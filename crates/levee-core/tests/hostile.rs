@@ -6,8 +6,8 @@
 use levee_core::crdt::{BucketReg, Claim, DemandReg, EpochSlot, Tally};
 use levee_core::rule::AlgorithmName;
 use levee_core::{
-    ClusterView, Consistency, DecideCtx, KeyCrdt, KeyState, Lattice, NodeIdx, RebalanceCtx,
-    RegionMask, ReplicaSet, ReplicaSpec, RuleMode, RuleSpec,
+    ClusterView, DecideCtx, KeyCrdt, KeyState, Lattice, NodeIdx, RebalanceCtx, RegionMask,
+    ReplicaSet, ReplicaSpec, RuleMode, RuleSpec,
 };
 use proptest::prelude::*;
 
@@ -126,11 +126,9 @@ fn spec(algorithm: u8, limit: u64) -> RuleSpec {
     }
 }
 
-fn view(consistency: Consistency) -> ClusterView {
+fn view() -> ClusterView {
     ClusterView {
-        consistency,
         unreachable: RegionMask::EMPTY,
-        sync_gen: 1,
         acting_alone: false,
         recovering: false,
     }
@@ -164,7 +162,6 @@ proptest! {
         algorithm in 0u8..4,
         limit in prop_oneof![1u64..100, Just(1_000_000_000u64)],
         me in node(),
-        strict in any::<bool>(),
         first in hostile(),
         second in hostile(),
         later in 0u64..5_000,
@@ -173,8 +170,7 @@ proptest! {
         let mut rule = spec(algorithm, limit).validate().unwrap();
         rule.bind(&replicas);
         let target = rule.target(None, 1).unwrap();
-        let consistency = if strict { Consistency::Strict } else { Consistency::Optimistic };
-        let ctx = DecideCtx { now: START, me, replicas: &replicas, view: view(consistency) };
+        let ctx = DecideCtx { now: START, me, replicas: &replicas, view: view() };
         let mut state = KeyState::new();
         // Some honest history first.
         state.decide(&target, RuleMode::Enforce, 1, false, &ctx);
@@ -209,7 +205,7 @@ proptest! {
         }
         // Strict fixed windows: what the node admits in the current epoch is bounded by its
         // share plus the largest gifts any state claimed, whatever the values.
-        if strict && algorithm == 0 {
+        if algorithm == 0 {
             let now = START + later + 1;
             let ctx = DecideCtx { now, ..ctx };
             let epoch = now / WINDOW_MS;
@@ -247,7 +243,7 @@ fn a_peer_forecast_of_u64_max_does_not_overflow_the_margin() {
             now: START,
             me,
             replicas: &replicas,
-            view: view(Consistency::Strict),
+            view: view(),
         };
         let mut hostile = KeyCrdt::default();
         *hostile.demand.entry(NodeIdx(2)) = DemandReg {
@@ -285,7 +281,7 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
         now: START,
         me,
         replicas: &replicas,
-        view: view(Consistency::Strict),
+        view: view(),
     };
     let mut hostile = KeyCrdt::default();
     hostile.holdings.give(NodeIdx(2), me, u64::MAX);
@@ -323,7 +319,7 @@ fn a_delta_whose_sums_would_overflow_is_refused_unchanged() {
         now: START,
         me,
         replicas: &replicas,
-        view: view(Consistency::Strict),
+        view: view(),
     };
     let epoch = START / WINDOW_MS;
     let mut state = KeyState::new();
@@ -375,7 +371,7 @@ fn an_inconsistent_tally_or_a_self_transfer_is_refused() {
         now: START,
         me,
         replicas: &replicas,
-        view: view(Consistency::Strict),
+        view: view(),
     };
     let epoch = START / WINDOW_MS;
     let mut state = KeyState::new();

@@ -8,8 +8,8 @@
 //! policy, not latency).
 
 use levee_core::{
-    ClusterView, Consistency, DecideCtx, Decision, KeyState, NodeIdx, RIGHTS_RETRY_MS,
-    RebalanceCtx, RegionMask, ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
+    ClusterView, DecideCtx, Decision, KeyState, NodeIdx, RIGHTS_RETRY_MS, RebalanceCtx, RegionMask,
+    ReplicaSet, ReplicaSpec, Rule, RuleMode, RuleSpec,
 };
 
 const DAY_MS: u64 = 86_400_000;
@@ -57,9 +57,7 @@ impl Lockstep {
 
     fn view() -> ClusterView {
         ClusterView {
-            consistency: Consistency::Strict,
             unreachable: RegionMask::EMPTY,
-            sync_gen: 0,
             acting_alone: false,
             recovering: false,
         }

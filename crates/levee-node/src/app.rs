@@ -39,7 +39,8 @@ pub struct App {
 pub struct ClusterStatus {
     /// This node.
     pub node: NodeStatus,
-    /// `strict` or `optimistic`.
+    /// How the global limit is kept: always `strict` (escrow) since optimistic mode was
+    /// removed.
     #[schema(value_type = String)]
     pub mode: &'static str,
     /// Whether this node decides under conservative caps.
@@ -261,7 +262,7 @@ impl App {
         };
         ClusterStatus {
             node,
-            mode: rules.consistency.as_str(),
+            mode: "strict",
             degraded: view.degraded(),
             peers,
             regions,

@@ -152,7 +152,6 @@ impl Replication {
             ClusterConfig {
                 me,
                 replicas: replicas.clone(),
-                consistency: cluster_cfg.mode,
                 gossip_interval: cluster_cfg.gossip_interval.as_millis(),
                 suspect_after,
                 anti_entropy_interval: ANTI_ENTROPY_INTERVAL,

@@ -161,29 +161,9 @@ impl HealWatch {
     }
 }
 
-/// A view's consumption: per window, every node's tokens consumed net of refunds (nodes
-/// with none left out), what `/v1/usage` sums per region and in all.
-fn consumption(state: Option<&KeyCrdt>) -> Vec<(u64, Vec<(u16, u64)>)> {
-    let Some(state) = state else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u64, Vec<(u16, u64)>)> = state
-        .slots
-        .iter()
-        .map(|slot| {
-            let mut nodes: Vec<(u16, u64)> = slot
-                .tallies
-                .iter()
-                .map(|(n, t)| (n.0, t.net()))
-                .filter(|&(_, net)| net > 0)
-                .collect();
-            nodes.sort_unstable();
-            (slot.epoch, nodes)
-        })
-        .filter(|(_, nodes)| !nodes.is_empty())
-        .collect();
-    out.sort_unstable();
-    out
+/// A view's consumption ([`KeyCrdt::consumption`]); no view, none.
+fn consumption(state: Option<&KeyCrdt>) -> Vec<(u64, Vec<(levee_core::NodeIdx, u64)>)> {
+    state.map(KeyCrdt::consumption).unwrap_or_default()
 }
 
 #[cfg(test)]

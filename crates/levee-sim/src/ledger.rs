@@ -8,38 +8,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::plan::MAX_REGIONS;
 
-/// What the deciding node had not seen when it made a window's last admission (optimistic
-/// mode): the bound the overshoot of that window must stay within.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LastAdmission {
-    /// Simulated time of the admission, ms.
-    pub at: u64,
-    /// Usage admitted in the window that the node's decision did not account for: per
-    /// region, true usage minus what the node assumed (its merged view, or for an
-    /// unreachable region `max(view, the region's full share)`), summed over regions where
-    /// positive. Tokens.
-    pub slack: u64,
-    /// Per region, true usage minus the node's merged view (positive part). Tokens.
-    pub unseen: [u64; MAX_REGIONS],
-    /// Regions whose link to the deciding node's region carried messages at the time (bit
-    /// per region; its own region always).
-    pub connected: u8,
-}
-
-impl LastAdmission {
-    /// What regions the deciding node could still hear had taken that it had not merged:
-    /// the concurrency "between two syncs" the design allows on top of what a partition left
-    /// in flight.
-    pub fn unseen_connected(&self) -> u64 {
-        self.unseen
-            .iter()
-            .enumerate()
-            .filter(|(r, _)| self.connected & (1 << r) != 0)
-            .map(|(_, u)| u)
-            .sum()
-    }
-}
-
 /// One key's window.
 #[derive(Debug, Clone, Default)]
 pub struct WindowBook {
@@ -54,17 +22,9 @@ pub struct WindowBook {
     /// Usage and gifts of this window that live peers knew but a restarted node did not have
     /// when it declared itself synced and started deciding. Tokens.
     pub unrecovered: u64,
-    /// Optimistic mode: at every cut of a link between regions, the usage of this window
-    /// that the sending region had admitted and that some live node of the receiving region
-    /// had not merged: what was in flight when the partition began. Tokens, summed over cuts.
-    pub in_flight_at_cuts: u64,
-    /// Strict mode: checks denied while the window's true tallies had room for them (by a
+    /// Checks denied while the window's true tallies had room for them (by a
     /// node that was not recovering), and the longest `retry_after_ms` they carried.
     pub retry_with_room: (u64, u64),
-    /// The window's last admission (optimistic mode).
-    pub last: Option<LastAdmission>,
-    /// The last admission at each region (optimistic mode).
-    pub last_in: [Option<LastAdmission>; MAX_REGIONS],
 }
 
 impl WindowBook {
@@ -122,13 +82,6 @@ impl Ledger {
     /// Tokens `endpoint` really admitted for `key` in `window`.
     pub fn truth(&self, key: u32, window: u64, endpoint: usize) -> u64 {
         self.truth.get(&(key, window)).map_or(0, |v| v[endpoint])
-    }
-
-    /// Records the last admission so far of a window, made at `region`.
-    pub fn set_last(&mut self, key: u32, window: u64, region: usize, last: LastAdmission) {
-        let book = self.book(key, window);
-        book.last = Some(last);
-        book.last_in[region] = Some(last);
     }
 }
 

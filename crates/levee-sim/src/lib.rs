@@ -22,7 +22,6 @@
 //!
 //! Layout: [`plan`] (what a run is), [`scenario`] (how a seed becomes a plan),
 //! [`workload`] (demand), [`net`] (the network), [`levee`] (the cluster under test),
-//! [`experiment`] (departures from production used to test a diagnosis),
 //! [`baselines`], [`ledger`] (what was admitted), [`heal`] (agreement after a heal),
 //! [`checks`], [`outcome`] (one run), [`summary`] and [`runner`] (many runs), [`table`]
 //! (the accuracy figure).
@@ -30,7 +29,6 @@
 pub mod baselines;
 pub mod checks;
 pub mod demand;
-pub mod experiment;
 pub mod heal;
 pub mod ledger;
 pub mod levee;

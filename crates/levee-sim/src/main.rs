@@ -49,12 +49,6 @@ struct Cli {
     /// The round trip between regions of --table-plan, ms.
     #[arg(long, default_value_t = 100)]
     rtt: u64,
-    /// Experiment for --table (not production behaviour): feed optimistic decisions a
-    /// `sync_gen` that advances only once every reachable region's deltas, sent after the
-    /// previous advance, have arrived (`exchange`), or only once they show the region had
-    /// heard this node's deltas sent after it (`round-trip`).
-    #[arg(long)]
-    sync_experiment: Option<String>,
     /// Seeds per cell of the accuracy table.
     #[arg(long, default_value_t = 50)]
     table_seeds: u64,
@@ -101,16 +95,7 @@ fn main() -> ExitCode {
     if cli.table {
         let started = Instant::now();
         quiet_panics();
-        let sync = match cli.sync_experiment.as_deref() {
-            None => levee_sim::levee::SyncGen::Production,
-            Some("exchange") => levee_sim::levee::SyncGen::PerExchange,
-            Some("round-trip") => levee_sim::levee::SyncGen::PerRoundTrip,
-            Some(other) => {
-                eprintln!("unknown --sync-experiment {other:?}; one of: exchange, round-trip");
-                return ExitCode::from(2);
-            }
-        };
-        let t = table::run_table(cli.table_seeds, threads, sync);
+        let t = table::run_table(cli.table_seeds, threads);
         println!("{}", t.render());
         eprintln!("table: {:.1} s", started.elapsed().as_secs_f64());
         return ExitCode::SUCCESS;

@@ -22,8 +22,6 @@ pub struct InFlight<P> {
     pub at: u64,
     /// When it was sent (sim ms).
     pub sent: u64,
-    /// A value the sender attached for the simulator's own bookkeeping.
-    pub tag: u64,
     /// Sending node (or region, for the region-level baselines).
     pub from: usize,
     /// Receiving node.
@@ -38,7 +36,6 @@ pub struct InFlight<P> {
 /// What rides on the wire beside the payload.
 #[derive(Debug, Clone)]
 struct Carried<P> {
-    tag: u64,
     incarnation: u32,
     payload: P,
 }
@@ -111,22 +108,8 @@ impl<P: Clone> SimNet<P> {
     /// Puts a message on the wire at `now`, unless the link is cut or the message is lost;
     /// sometimes twice.
     pub fn send(&mut self, now: u64, from: usize, to: usize, incarnation: u32, payload: P) {
-        self.send_tagged(now, from, to, incarnation, 0, payload);
-    }
-
-    /// [`SimNet::send`], with a tag the receiver sees.
-    pub fn send_tagged(
-        &mut self,
-        now: u64,
-        from: usize,
-        to: usize,
-        incarnation: u32,
-        tag: u64,
-        payload: P,
-    ) {
         self.net.advance_to(now);
         let carried = Carried {
-            tag,
             incarnation,
             payload,
         };
@@ -144,7 +127,6 @@ impl<P: Clone> SimNet<P> {
         Some(InFlight {
             at: m.at,
             sent: m.sent,
-            tag: m.msg.tag,
             from: m.from,
             to: m.to,
             incarnation: m.msg.incarnation,

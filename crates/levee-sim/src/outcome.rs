@@ -9,7 +9,7 @@ use crate::baselines::{run_central, run_shared_counter, run_static_split};
 use crate::checks::{Policy, Violation, ViolationKind, check_levee};
 use crate::heal::HealFigure;
 use crate::ledger::{Ledger, NodeRights};
-use crate::levee::{SyncGen, run_levee_with};
+use crate::levee::run_levee;
 use crate::net::NetStats;
 use crate::plan::RunPlan;
 use crate::scenario::Scenario;
@@ -88,10 +88,10 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn run_policy(plan: &RunPlan, policy: Policy, sync: SyncGen) -> (PolicyRun, Vec<Violation>) {
-    match policy.consistency() {
-        Some(mode) => {
-            let r = run_levee_with(plan, mode, sync);
+fn run_policy(plan: &RunPlan, policy: Policy) -> (PolicyRun, Vec<Violation>) {
+    match policy {
+        Policy::Strict => {
+            let r = run_levee(plan);
             let violations = check_levee(plan, policy, &r.ledger, &r.heals, &r.errors);
             let mut violations = violations;
             if r.refused > 0 {
@@ -111,7 +111,7 @@ fn run_policy(plan: &RunPlan, policy: Policy, sync: SyncGen) -> (PolicyRun, Vec<
             };
             (run, violations)
         }
-        None => {
+        _ => {
             let (ledger, heals) = match policy {
                 Policy::StaticSplit => (run_static_split(plan), vec![]),
                 Policy::Central => (run_central(plan), vec![]),
@@ -132,11 +132,6 @@ fn run_policy(plan: &RunPlan, policy: Policy, sync: SyncGen) -> (PolicyRun, Vec<
 
 /// Runs `policies` over `plan`, each under `catch_unwind`, and checks Levee's properties.
 pub fn run_plan(plan: &RunPlan, policies: &[Policy]) -> RunOutcome {
-    run_plan_with(plan, policies, SyncGen::Production)
-}
-
-/// [`run_plan`], with Levee's `sync_gen` fed as `sync` (an experiment).
-pub fn run_plan_with(plan: &RunPlan, policies: &[Policy], sync: SyncGen) -> RunOutcome {
     let mut out = RunOutcome {
         seed: plan.seed,
         scenario: plan.scenario,
@@ -145,7 +140,7 @@ pub fn run_plan_with(plan: &RunPlan, policies: &[Policy], sync: SyncGen) -> RunO
     };
     for &policy in policies {
         LAST_PANIC.with(|p| p.borrow_mut().take());
-        match panic::catch_unwind(AssertUnwindSafe(|| run_policy(plan, policy, sync))) {
+        match panic::catch_unwind(AssertUnwindSafe(|| run_policy(plan, policy))) {
             Ok((run, violations)) => {
                 out.runs.push(run);
                 out.violations.extend(violations);

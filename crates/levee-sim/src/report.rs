@@ -91,7 +91,6 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                 plan.keys[k as usize],
                 match run.policy {
                     Policy::Strict => " | lost with crashes | not pulled back",
-                    Policy::Optimistic => " | in flight at last admission | in flight at cuts",
                     _ => "",
                 }
             );
@@ -99,11 +98,6 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                 let r = t.regions();
                 let extra = match run.policy {
                     Policy::Strict => format!(" | {} | {}", b.forgotten, b.unrecovered),
-                    Policy::Optimistic => format!(
-                        " | {} | {}",
-                        b.last.map_or(0, |l| l.slack),
-                        b.in_flight_at_cuts
-                    ),
                     _ => String::new(),
                 };
                 let _ = writeln!(

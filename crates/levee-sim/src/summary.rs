@@ -167,11 +167,6 @@ pub struct Summary {
     pub restart_windows: u64,
     /// The largest such excess.
     pub restart_excess: Option<Witness>,
-    /// Optimistic mode: (admitted − limit) / limit of the windows above the limit, beside
-    /// the in-flight amount that bounds it.
-    pub optimistic_excess: Histogram,
-    /// Optimistic mode: in flight / limit at those windows.
-    pub optimistic_in_flight: Histogram,
 }
 
 impl Summary {
@@ -215,17 +210,6 @@ impl Summary {
                         &mut self.restart_excess,
                         witness(max as f64 / plan.limit as f64),
                     );
-                }
-            }
-            if run.policy == Policy::Optimistic {
-                for b in run.ledger.windows.values() {
-                    let a = b.admitted_total();
-                    if a > plan.limit {
-                        let l = plan.limit as f64;
-                        self.optimistic_excess.add((a - plan.limit) as f64 / l);
-                        let slack = b.last.map_or(0, |x| x.slack);
-                        self.optimistic_in_flight.add(slack as f64 / l);
-                    }
                 }
             }
         }
@@ -286,8 +270,6 @@ impl Summary {
         if let Some(w) = other.restart_excess {
             keep_max(&mut self.restart_excess, w);
         }
-        self.optimistic_excess.merge(&other.optimistic_excess);
-        self.optimistic_in_flight.merge(&other.optimistic_in_flight);
     }
 
     /// Number of violations of Levee's properties.
@@ -412,23 +394,12 @@ impl Summary {
                 w.scenario.name()
             ))
         );
-        if !self.optimistic_excess.is_empty() {
-            let _ = writeln!(
-                s,
-                "optimistic: {} windows above the limit; excess max {:.4} p99 {:.4} × limit; in flight at their last admission max {:.4} p99 {:.4} × limit",
-                self.optimistic_excess.len(),
-                self.optimistic_excess.max(),
-                self.optimistic_excess.quantile(0.99),
-                self.optimistic_in_flight.max(),
-                self.optimistic_in_flight.quantile(0.99),
-            );
-        }
         let _ = writeln!(s);
         let _ = writeln!(
             s,
             "time to agree after a heal (probe key, partitions the protocol detected; target 2 × gossip + RTT):"
         );
-        for p in [Policy::Strict, Policy::Optimistic, Policy::SharedCounter] {
+        for p in [Policy::Strict, Policy::SharedCounter] {
             let Some(st) = self.policies.get(&p) else {
                 continue;
             };

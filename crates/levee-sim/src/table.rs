@@ -20,8 +20,7 @@ use std::fmt::Write as _;
 use levee_testkit::rng::SeededRng;
 
 use crate::checks::{Policy, ViolationKind};
-use crate::levee::SyncGen;
-use crate::outcome::{RunOutcome, overshoot, run_plan_with, utilisation};
+use crate::outcome::{RunOutcome, overshoot, run_plan, utilisation};
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, RunPlan, Topology, WINDOW_MS,
 };
@@ -163,7 +162,7 @@ pub struct AccuracyTable {
 }
 
 /// Runs every plan of the figure on `threads` threads.
-pub fn run_table(seeds: u64, threads: usize, sync: SyncGen) -> AccuracyTable {
+pub fn run_table(seeds: u64, threads: usize) -> AccuracyTable {
     let jobs: Vec<(Case, u64, u64)> = RTTS
         .iter()
         .flat_map(|&rtt| {
@@ -175,7 +174,7 @@ pub fn run_table(seeds: u64, threads: usize, sync: SyncGen) -> AccuracyTable {
     let results: Vec<(Case, u64, RunPlan, RunOutcome)> =
         parallel_map(&jobs, threads, |&(case, rtt, seed)| {
             let plan = table_plan(case, rtt, seed);
-            let outcome = run_plan_with(&plan, &Policy::ALL, sync);
+            let outcome = run_plan(&plan, &Policy::ALL);
             (case, rtt, plan, outcome)
         });
     let mut table = AccuracyTable {

@@ -15,8 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
-use levee_core::Consistency;
+use clap::Args;
 use levee_node::local_cluster::{LocalCluster, LocalNode};
 
 /// How long the nodes may take to answer `/readyz` with 200.
@@ -42,20 +41,11 @@ pub(crate) struct ClusterArgs {
     /// Node k listens for HTTP on base-port + 2k and for QUIC (UDP) on base-port + 2k + 1.
     #[arg(long, default_value_t = 8750)]
     base_port: u16,
-    /// Strict (escrow) or optimistic (shared counter).
-    #[arg(long, value_enum, default_value_t = Mode::Strict)]
-    mode: Mode,
     /// Where certificates, configurations, data and logs go. Kept on exit, so every node can
     /// be run (and restarted) by hand with `levee serve --config DIR/<node>.toml` (default: a
     /// temporary directory, removed on exit).
     #[arg(long)]
     dir: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Mode {
-    Strict,
-    Optimistic,
 }
 
 /// Why `levee cluster` stopped early.
@@ -263,10 +253,6 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
         regions: args.regions.clone(),
         nodes_per_region: args.nodes_per_region,
         base_port: args.base_port,
-        mode: match args.mode {
-            Mode::Strict => Consistency::Strict,
-            Mode::Optimistic => Consistency::Optimistic,
-        },
         rules,
         notify,
         gossip_interval: "20ms".into(),
@@ -321,7 +307,7 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
             exited: None,
         });
     }
-    let outcome = runtime.block_on(supervise(&mut members, &mut signals, &dir, args, &spec));
+    let outcome = runtime.block_on(supervise(&mut members, &mut signals, &dir, args));
     // The logs are read (a failed node's tail printed) before the directory goes.
     let code = match outcome {
         Stop::Signal(reason) => {
@@ -408,7 +394,6 @@ async fn supervise(
     signals: &mut Signals,
     dir: &Path,
     args: &ClusterArgs,
-    spec: &LocalCluster,
 ) -> Stop {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -457,7 +442,7 @@ async fn supervise(
             ));
         }
     }
-    announce(members, dir, args, spec);
+    announce(members, dir, args);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
@@ -474,12 +459,11 @@ async fn supervise(
 }
 
 /// The table of nodes and a few commands to try.
-fn announce(members: &Members, dir: &Path, args: &ClusterArgs, spec: &LocalCluster) {
+fn announce(members: &Members, dir: &Path, args: &ClusterArgs) {
     let mut out = format!(
-        "levee cluster: {} regions × {} nodes, {} mode, files in {}\n\n",
+        "levee cluster: {} regions × {} nodes, files in {}\n\n",
         args.regions.len(),
         args.nodes_per_region,
-        spec.mode.as_str(),
         dir.display()
     );
     out.push_str(&format!(

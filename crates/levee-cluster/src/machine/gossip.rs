@@ -1,7 +1,7 @@
 //! The end of a gossip interval: failure detection, rebalancing, deltas to every peer, paced
 //! full states, repeats to peers that do not hear us, anti-entropy digests.
 
-use levee_core::{Consistency, Millis, NodeIdx, RebalanceCtx, RegionIdx, RegionMask};
+use levee_core::{Millis, NodeIdx, RebalanceCtx};
 use levee_proto::{KeyEntry, Message};
 
 use super::{Cluster, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND};
@@ -63,7 +63,7 @@ impl Cluster {
                 self.send(peer, Message::PullRequest, now);
             }
         }
-        if self.synced && self.cfg.consistency == Consistency::Strict {
+        if self.synced {
             self.rebalance(now, store);
         }
         let peers = self.peers();
@@ -84,10 +84,9 @@ impl Cluster {
         }
         self.anti_entropy(&peers, now, store);
         self.gossip_overrides(now, store);
-        self.advance_sync_generation();
     }
 
-    /// Strict mode: moves spare rights of the keys used or merged since the last interval
+    /// Moves spare rights of the keys used or merged since the last interval
     /// toward demand (each key's owner in this region gets what the others spare), with at
     /// most [`MAX_IN_FLIGHT_FRACTION`] of a key's capacity in flight to one peer.
     fn rebalance(&mut self, now: Millis, store: &mut dyn KeyStates) {
@@ -216,22 +215,6 @@ impl Cluster {
             self.ae_cursor = self.ae_cursor.wrapping_add(1);
             let d = digest_message(store.digest(now));
             self.send(to, Message::Digest(d), now);
-        }
-    }
-
-    /// A sync is complete when every reachable region has been heard from since the last
-    /// one: the optimistic allowance is taken against a view that includes them all.
-    fn advance_sync_generation(&mut self) {
-        let mine = self.cfg.replicas.region_of(self.cfg.me);
-        let unreachable = self.membership.unreachable_regions(&self.cfg.replicas);
-        let complete = self
-            .cfg
-            .replicas
-            .regions()
-            .all(|r: RegionIdx| r == mine || unreachable.contains(r) || self.heard.contains(r));
-        if complete {
-            self.sync_generation += 1;
-            self.heard = RegionMask::EMPTY;
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use levee_core::{ClusterView, Consistency, Millis, NodeIdx, RegionMask, ReplicaSet};
+use levee_core::{ClusterView, Millis, NodeIdx, ReplicaSet};
 use levee_proto::{ForwardCheck, ForwardDecision, Message};
 
 use crate::event::{Event, ForwardId};
@@ -35,8 +35,6 @@ pub struct ClusterConfig {
     pub me: NodeIdx,
     /// The agreed replica set.
     pub replicas: ReplicaSet,
-    /// Strict or optimistic.
-    pub consistency: Consistency,
     /// How often deltas are sent.
     pub gossip_interval: Millis,
     /// A peer not heard from within this is unreachable.
@@ -86,14 +84,10 @@ pub struct Cluster {
     next_tick: Millis,
     next_anti_entropy: Millis,
     ae_cursor: usize,
-    /// Advances every time every reachable region has been heard from since it last did.
-    sync_generation: u64,
     started: Millis,
     synced: bool,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
-    /// Regions heard from since `sync_generation` last advanced.
-    heard: RegionMask,
     refused: u64,
     /// Rights this node gave away by rebalancing (strict mode), in tokens.
     rights_given: u64,
@@ -122,11 +116,9 @@ impl Cluster {
             next_tick: now + cfg.tick_phase,
             next_anti_entropy: now + cfg.anti_entropy_interval,
             ae_cursor: 0,
-            sync_generation: 0,
             started: now,
             synced: n == 1,
             last_pull: now,
-            heard: RegionMask::EMPTY,
             refused: 0,
             rights_given: 0,
             overrides: overrides::OverrideSync::default(),
@@ -188,9 +180,7 @@ impl Cluster {
     /// What decisions should assume about the cluster now.
     pub fn view(&self) -> ClusterView {
         ClusterView {
-            consistency: self.cfg.consistency,
             unreachable: self.membership.unreachable_regions(&self.cfg.replicas),
-            sync_gen: self.sync_generation,
             acting_alone: false,
             recovering: !self.synced,
         }

@@ -133,9 +133,7 @@ impl Cluster {
 mod tests {
     use std::collections::BTreeMap;
 
-    use levee_core::{
-        Consistency, KeyCrdt, KeyState, OverrideReg, ReplicaSet, ReplicaSpec, Target,
-    };
+    use levee_core::{KeyCrdt, KeyState, OverrideReg, ReplicaSet, ReplicaSpec, Target};
 
     use super::*;
     use crate::machine::ClusterConfig;
@@ -207,7 +205,6 @@ mod tests {
                 ClusterConfig {
                     me,
                     replicas: replicas.clone(),
-                    consistency: Consistency::Strict,
                     gossip_interval: 10,
                     suspect_after: 300,
                     anti_entropy_interval: 100,

@@ -31,7 +31,6 @@ impl Cluster {
         if let Some(change) = up {
             self.apply(vec![change]);
         }
-        self.heard = self.heard.with(self.cfg.replicas.region_of(from));
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
             let p = &mut self.peer[i];
             p.heard_ms = p.heard_ms.max(b.sent_at_ms);

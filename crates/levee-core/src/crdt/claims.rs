@@ -1,5 +1,7 @@
-//! Optimistic mode's claims: per node and epoch, the most the node may admit and how far it
-//! has come in the claim rounds.
+//! The removed optimistic mode's claims: per node and epoch, the most the node may admit and
+//! how far it has come in the claim rounds. No node writes them any more and a peer's are
+//! dropped on merge; the type stays because [`KeyCrdt`](super::KeyCrdt) carries the field in
+//! wire version 2 and in snapshots, where it is always empty now.
 
 use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
@@ -8,7 +10,7 @@ use crate::replica::NodeIdx;
 
 use super::lattice::Lattice;
 
-/// One node's claim in one epoch (optimistic mode, fixed windows and quotas): the most it
+/// One node's claim in one epoch (the removed optimistic mode's): the most it
 /// may admit in the epoch, and how far it has come in the claim rounds. Written only by
 /// `node`; both counters only grow within the epoch, so the join is a pointwise maximum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

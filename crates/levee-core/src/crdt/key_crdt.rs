@@ -27,7 +27,8 @@ pub struct KeyCrdt {
     pub buckets: NodeMap<BucketReg>,
     /// Demand forecasts per node.
     pub demand: NodeMap<DemandReg>,
-    /// Optimistic mode's claims per node and epoch (empty in strict mode).
+    /// The removed optimistic mode's claims: always empty, kept for wire version 2 and
+    /// snapshots (a peer's are dropped on merge).
     pub claims: Claims,
 }
 
@@ -69,6 +70,30 @@ impl KeyCrdt {
         self.slots
             .retain(|s| s.epoch >= oldest && s.epoch <= newest);
         self.claims.retain_epochs(oldest, newest);
+    }
+
+    /// What this view says was consumed: per epoch (oldest first), every node's tokens
+    /// consumed net of refunds (ascending by node, nodes with none left out; epochs with none
+    /// left out). Two views with the same consumption answer `/v1/usage` alike, whatever
+    /// their rights bookkeeping and request tallies say.
+    pub fn consumption(&self) -> Vec<(u64, Vec<(NodeIdx, u64)>)> {
+        let mut out: Vec<(u64, Vec<(NodeIdx, u64)>)> = self
+            .slots
+            .iter()
+            .map(|slot| {
+                let mut nodes: Vec<(NodeIdx, u64)> = slot
+                    .tallies
+                    .iter()
+                    .map(|(n, t)| (n, t.net()))
+                    .filter(|&(_, net)| net > 0)
+                    .collect();
+                nodes.sort_unstable();
+                (slot.epoch, nodes)
+            })
+            .filter(|(_, nodes)| !nodes.is_empty())
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// Whether the state holds no entry at all.

@@ -7,8 +7,8 @@
 //!   Only `from` ever increments its row.
 //! * [`BucketReg`] and [`DemandReg`]: single-writer registers (a node's token-bucket level and
 //!   its demand forecast), ordered by a sequence number the writer increments.
-//! * [`Claims`]: optimistic mode's per-node, per-epoch claims — a round counter and a ceiling,
-//!   both grow-only within the epoch and written only by their node.
+//! * [`Claims`]: the removed optimistic mode's per-node, per-epoch claims, kept as an always
+//!   empty field of the wire format (version 2) and of snapshots.
 //!
 //! [`KeyCrdt::join`] is commutative, associative and idempotent; deltas are sub-states of
 //! absolute values, so applying them in any order, duplicated, or after a loss repaired by a

@@ -17,7 +17,8 @@ pub struct BucketReg {
     pub seq: u64,
     /// When the level was taken (the writer's clock, ms).
     pub at: u64,
-    /// The level in nanotokens at `at`; negative when an optimistic node overdrew.
+    /// The level in nanotokens at `at`; never negative from an honest node, but a
+    /// peer's value is taken as it comes.
     pub level_nt: i64,
 }
 

@@ -1,8 +1,6 @@
 //! The bucket a request draws from: a rule's [`Target`], resolved from the request's class
 //! and bound to the replica set, so the decision path reads every figure it needs from it.
 
-use std::borrow::Cow;
-
 use crate::replica::{NodeIdx, ReplicaSet};
 
 use super::algorithm::Algorithm;
@@ -61,16 +59,6 @@ pub struct Target<'r> {
 }
 
 impl<'r> Target<'r> {
-    /// The target's capacity split among the nodes of `replicas`: the split bound by
-    /// [`Rule::bind`] when it was bound to a set of this size, else computed.
-    #[inline]
-    pub(crate) fn static_split(&self, replicas: &ReplicaSet) -> Cow<'r, [u64]> {
-        match self.split {
-            Some(s) if s.len() == replicas.len() => Cow::Borrowed(s),
-            _ => Cow::Owned(replicas.split(self.algorithm.capacity())),
-        }
-    }
-
     /// `node`'s static share of the target's capacity (0 for a node the bound split does not
     /// name).
     #[inline]

@@ -1,12 +1,11 @@
 //! The decision path: deciding one request (or several atomically), committing what was
 //! decided, refunding, and the answer a caller gets.
 
-use crate::decision::{AllDecision, Consistency, DecideCtx, Decision};
+use crate::decision::{AllDecision, DecideCtx, Decision};
 use crate::escrow::HORIZON_MS;
 use crate::rights::NANO;
 use crate::rule::{Algorithm, RuleMode, Target};
 
-use super::claim::windowed;
 use super::evaluate::Evaluation;
 use super::key_state::KeyState;
 
@@ -21,9 +20,6 @@ impl KeyState {
         dry_run: bool,
         ctx: &DecideCtx<'_>,
     ) -> Decision {
-        if !dry_run && cost > 0 {
-            self.sample_demand(target, ctx);
-        }
         let ev = self.evaluate(target, cost, ctx);
         if !dry_run && cost > 0 {
             self.commit(target, cost, ev.would_allow, &ev, ctx);
@@ -94,7 +90,7 @@ impl KeyState {
 
     /// Commits an evaluated check of `cost`: counts the request, records the claims the
     /// evaluation raised and, if `admitted`, takes the cost (from the epoch's tally, the
-    /// optimistic allowance or the sub-bucket).
+    /// sub-bucket).
     fn commit(
         &mut self,
         target: &Target<'_>,
@@ -132,37 +128,8 @@ impl KeyState {
         if ev.asks_rights && algo.epoch_len(now) > HORIZON_MS {
             self.ask_rights(cost, algo.capacity(), now);
         }
-        if ctx.view.consistency == Consistency::Optimistic
-            && windowed(algo)
-            && self
-                .optimistic()
-                .is_none_or(|o| o.first_decision.0 != ev.epoch)
-        {
-            self.optimistic_mut(now).first_decision = (ev.epoch, now);
-        }
-        if let Some(c) = ev.next_claim {
-            self.crdt.claims.raise(c);
-            self.pending.claims = true;
-        }
-        if let Some(c) = ev.claim {
-            self.crdt.claims.raise(c);
-            self.pending.claims = true;
-        }
-        if ev.resend_claim {
-            self.pending.claims = true;
-        }
-        if admitted {
-            if ctx.view.consistency == Consistency::Optimistic && !windowed(algo) {
-                let mut a = ev.allowance;
-                a.taken += match algo {
-                    Algorithm::TokenBucket { .. } => i128::from(cost) * NANO,
-                    _ => i128::from(cost),
-                };
-                self.optimistic_mut(now).allowance = a;
-            }
-            if let Algorithm::TokenBucket { .. } = algo {
-                self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
-            }
+        if admitted && let Algorithm::TokenBucket { .. } = algo {
+            self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(now, window_ms, limit);
@@ -182,11 +149,6 @@ pub fn decide_all(
     dry_run: bool,
     ctx: &DecideCtx<'_>,
 ) -> AllDecision {
-    if !dry_run && cost > 0 {
-        for (state, target, _) in checks.iter_mut() {
-            state.sample_demand(target, ctx);
-        }
-    }
     let evals: Vec<Evaluation> = checks
         .iter()
         .map(|(state, target, _)| state.evaluate(target, cost, ctx))

@@ -94,11 +94,8 @@ impl KeyState {
             self.set_level(ctx.me, level.min(now_level), ctx.now);
         }
         changed |= self.crdt.demand.join(&delta.demand);
-        for c in delta.claims.iter() {
-            if c.epoch >= oldest && c.epoch <= newest {
-                changed |= self.crdt.claims.raise(*c);
-            }
-        }
+        // `claims` (the removed optimistic mode's) are still in the wire format; a peer's are
+        // dropped.
         Ok(changed)
     }
 
@@ -196,13 +193,6 @@ impl KeyState {
             && let Some(r) = self.crdt.demand.get(me)
         {
             *out.demand.entry(me) = *r;
-        }
-        // Claims ride with every tally update too: a lost claim is repaired by the next delta
-        // of a node that keeps deciding, without waiting for anti-entropy.
-        if d.claims || d.tallies {
-            for c in self.crdt.claims.iter().filter(|c| c.node == me) {
-                out.claims.raise(*c);
-            }
         }
         Some(out)
     }

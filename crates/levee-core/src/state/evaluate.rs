@@ -1,16 +1,13 @@
 //! Evaluating one check against a key, before anything is committed: whether it would be
 //! allowed, what is available, and when the key is back to its limit — per algorithm and
-//! consistency mode (the module doc of [`crate::state`] says how each decides).
+//! the node's holdings (the module doc of [`crate::state`] says how each decides).
 
-use crate::crdt::Claim;
 use crate::crdt::{EpochSlot, Tally};
-use crate::decision::{ClusterView, Consistency, DecideCtx};
-use crate::replica::{NodeIdx, RegionMask};
+use crate::decision::DecideCtx;
+use crate::replica::NodeIdx;
 use crate::rights::{NANO, ceil_mul_div, holdings};
 use crate::rule::{Algorithm, Shaping, Target};
 
-use super::allowance::{Allowance, allowance_room, assumed_usage};
-use super::claim::CLAIM_GRACE_MS;
 use super::key_state::KeyState;
 use super::log::{entry_net, log_retry};
 
@@ -80,35 +77,27 @@ pub(super) struct Evaluation {
     pub(super) epoch: u64,
     /// Token bucket: own level after refill, before the check.
     pub(super) level_nt: i128,
-    pub(super) allowance: Allowance,
-    /// Optimistic fixed windows and quotas: this node's claim as the decision leaves it
-    /// (raised, or its round caught up), if it changes; and whether to resend it.
-    pub(super) claim: Option<Claim>,
-    pub(super) resend_claim: bool,
-    /// … and its first claim for the next epoch, made during the last part of this one.
-    pub(super) next_claim: Option<Claim>,
     /// A leaky bucket: how long the request waits if it is admitted.
     pub(super) delay_ms: u64,
-    /// Strict mode: this node holds too little for this check (a deny) or for the next one
-    /// like it (an admission that spends its last rights) while the cluster, as it sees it,
-    /// has room: the decision asks for rights.
+    /// This node holds too little for this check (a deny) or for the next one like it (an
+    /// admission that spends its last rights) while the cluster, as it sees it, has room:
+    /// the decision asks for rights.
     pub(super) asks_rights: bool,
-    /// A token bucket: the capacity (units) of the level `level_nt` is measured against: the
-    /// node's sub-bucket in strict mode, the whole bucket in optimistic mode; and that level.
+    /// A token bucket: the capacity (units) of the node's sub-bucket, which the level
+    /// `level_nt` is measured against; and that level.
     pub(super) bucket_units: u64,
     pub(super) bucket_level_nt: i128,
 }
 
 impl Evaluation {
     /// An evaluation with its decision and figures; everything algorithm-specific (a bucket's
-    /// level, claims, a shaping delay) at its neutral value, for the caller to set.
+    /// level, a shaping delay) at its neutral value, for the caller to set.
     pub(super) fn decided(
         would_allow: bool,
         available: u64,
         reset: Reset,
         retry_after_ms: u64,
         epoch: u64,
-        allowance: Allowance,
     ) -> Evaluation {
         Evaluation {
             would_allow,
@@ -117,10 +106,6 @@ impl Evaluation {
             retry_after_ms,
             epoch,
             level_nt: 0,
-            allowance,
-            claim: None,
-            resend_claim: false,
-            next_claim: None,
             delay_ms: 0,
             asks_rights: false,
             bucket_units: 0,
@@ -139,42 +124,22 @@ impl KeyState {
         let algo = target.algorithm;
         let e = algo.epoch(ctx.now);
         if ctx.view.recovering {
-            match ctx.view.consistency {
-                // What this node gave away before it restarted is unknown until it has pulled
-                // the cluster's state: it spends nothing.
-                Consistency::Strict => {
-                    return Evaluation::decided(
-                        cost == 0,
-                        0,
-                        Reset::Known { taken: 0, kept: 0 },
-                        if cost == 0 { 0 } else { RECOVERY_RETRY_MS },
-                        e,
-                        Allowance::default(),
-                    );
-                }
-                // Every other region counts as having spent its full share.
-                Consistency::Optimistic => {
-                    let replicas = ctx.replicas;
-                    let mine = replicas.region_of(ctx.me);
-                    let unreachable = replicas
-                        .regions()
-                        .filter(|&r| r != mine)
-                        .fold(RegionMask::EMPTY, RegionMask::with);
-                    let view = ClusterView {
-                        unreachable,
-                        recovering: false,
-                        ..ctx.view
-                    };
-                    return self.evaluate(target, cost, &DecideCtx { view, ..*ctx });
-                }
-            }
+            // What this node gave away before it restarted is unknown until it has pulled
+            // the cluster's state: it spends nothing.
+            return Evaluation::decided(
+                cost == 0,
+                0,
+                Reset::Known { taken: 0, kept: 0 },
+                if cost == 0 { 0 } else { RECOVERY_RETRY_MS },
+                e,
+            );
         }
         match *algo {
             Algorithm::FixedWindow { limit, .. } | Algorithm::Quota { limit, .. } => {
                 self.eval_window(target, limit, e, cost, ctx)
             }
-            Algorithm::SlidingWindow { limit, window_ms } => {
-                self.eval_sliding(target, limit, window_ms, e, cost, ctx)
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                self.eval_sliding(target, window_ms, e, cost, ctx)
             }
             Algorithm::TokenBucket {
                 rate,
@@ -190,59 +155,34 @@ impl KeyState {
                 }
                 ev
             }
-            Algorithm::SlidingLog { limit, window_ms } => {
-                self.eval_log(target, limit, window_ms, e, cost, ctx)
+            Algorithm::SlidingLog { window_ms, .. } => {
+                self.eval_log(target, window_ms, e, cost, ctx)
             }
         }
     }
 
-    /// A sliding log: this node's own admissions in the window against its holdings
-    /// (strict), or everyone's against the limit (optimistic).
+    /// A sliding log: this node's own admissions in the window against its holdings.
     fn eval_log(
         &self,
         target: &Target<'_>,
-        limit: u64,
         window_ms: u64,
         e: u64,
         cost: u64,
         ctx: &DecideCtx<'_>,
     ) -> Evaluation {
         let now = ctx.now;
-        let (counted, held, used, available, allowance) = match ctx.view.consistency {
-            Consistency::Strict => {
-                let held = holdings(
-                    target.static_share(ctx.me, ctx.replicas),
-                    &self.crdt.holdings,
-                    ctx.me,
-                );
-                let used = self.log_used(now, window_ms, Some(ctx.me));
-                (
-                    Some(ctx.me),
-                    held,
-                    used,
-                    held.saturating_sub(used),
-                    Allowance::default(),
-                )
-            }
-            Consistency::Optimistic => {
-                let used = assumed_usage(
-                    ctx,
-                    target,
-                    |n| u128::from(self.log_used(now, window_ms, Some(n))),
-                    1,
-                )
-                .min(u128::from(u64::MAX)) as u64;
-                let left = i128::from(limit) - i128::from(used);
-                let allowance = self.allowance(left, e, ctx);
-                let room = left.min(allowance_room(&allowance, limit, ctx)).max(0) as u64;
-                (None, limit, used, room, allowance)
-            }
-        };
+        let held = holdings(
+            target.static_share(ctx.me, ctx.replicas),
+            &self.crdt.holdings,
+            ctx.me,
+        );
+        let used = self.log_used(now, window_ms, Some(ctx.me));
+        let available = held.saturating_sub(used);
         let need = cost.max(threshold(target.min_fill_ppm, held));
         let would_allow = available >= need;
         let entries = || {
             self.log_window(now, window_ms)
-                .map(|s| (s.epoch, entry_net(s, counted)))
+                .map(|s| (s.epoch, entry_net(s, Some(ctx.me))))
         };
         let retry_after_ms = if would_allow {
             0
@@ -261,7 +201,6 @@ impl KeyState {
             },
             retry_after_ms,
             e,
-            allowance,
         )
     }
 
@@ -279,77 +218,32 @@ impl KeyState {
             .and_then(|s| s.tallies.get(ctx.me))
             .map_or(0, Tally::net);
         let global = slot.map_or(0, |s| s.net_total());
-        let mut claim = None;
-        let mut resend_claim = false;
-        let mut next_claim = None;
-        let (available, capacity, allowance) = match ctx.view.consistency {
-            Consistency::Strict => {
-                let base = target.static_share(ctx.me, ctx.replicas);
-                let held = match slot {
-                    Some(s) => holdings(base, &s.transfers, ctx.me),
-                    None => base,
-                };
-                (held.saturating_sub(own), held, Allowance::default())
-            }
-            Consistency::Optimistic => {
-                let net = |n| {
-                    slot.and_then(|s| s.tallies.get(n))
-                        .map_or(0, |t| u128::from(t.net()))
-                };
-                let used = assumed_usage(ctx, target, net, 1) as i128;
-                let left = i128::from(limit) - used;
-                // The node admits within its claim for the epoch, raised first if the claim
-                // rounds allow it (see `plan_claim`).
-                let (planned, resend) = self.plan_claim(target, limit, e, own, cost, ctx);
-                let current = self.crdt.claims.get(e, ctx.me).copied();
-                let unchanged = match current {
-                    Some(c) => c == planned,
-                    None => planned.step == 0 && planned.ceiling == 0,
-                };
-                if !unchanged {
-                    claim = Some(planned);
-                }
-                resend_claim = resend;
-                // Near the end of the epoch, the first claim for the next one goes out ahead
-                // of time, so that a region whose clock runs behind does not hold back the
-                // others' rounds when they enter it.
-                let end = algo.epoch_end(e);
-                let ahead = CLAIM_GRACE_MS.min(algo.epoch_len(ctx.now) / 2);
-                if ctx.now + ahead >= end && self.crdt.claims.get(e + 1, ctx.me).is_none() {
-                    let (next, _) = self.plan_claim(target, limit, e + 1, 0, 0, ctx);
-                    if next.step != 0 || next.ceiling != 0 {
-                        next_claim = Some(next);
-                    }
-                }
-                let room = i128::from(planned.ceiling) - i128::from(own);
-                let avail = left.min(room).max(0) as u64;
-                (avail, limit, Allowance::default())
-            }
+        let base = target.static_share(ctx.me, ctx.replicas);
+        let capacity = match slot {
+            Some(s) => holdings(base, &s.transfers, ctx.me),
+            None => base,
         };
+        let available = capacity.saturating_sub(own);
         let need = cost.max(threshold(target.min_fill_ppm, capacity));
         let would_allow = available >= need;
         let until_end = algo.epoch_end(e) - ctx.now;
         let reset = |used: u64| if used > 0 { until_end } else { 0 };
-        // Strict: a deny while the cluster has room is this node holding too little; it asks
-        // for rights, and the caller may retry once they can have arrived. An admission that
+        // A deny while the cluster has room is this node holding too little; it asks for
+        // rights, and the caller may retry once they can have arrived. An admission that
         // leaves too little for the next check like it asks too, so that sporadic demand,
         // which never makes a forecast, finds rights at its next request.
         let room = limit.saturating_sub(global);
-        let asks_rights = ctx.view.consistency == Consistency::Strict
-            && if would_allow {
-                available - cost < need && room >= need.saturating_add(cost)
-            } else {
-                room >= need
-            };
+        let asks_rights = if would_allow {
+            available - cost < need && room >= need.saturating_add(cost)
+        } else {
+            room >= need
+        };
         let retry_after_ms = match (would_allow, asks_rights) {
             (true, _) => 0,
             (false, true) => until_end.clamp(1, RIGHTS_RETRY_MS),
             (false, false) => until_end.max(1),
         };
         Evaluation {
-            claim,
-            resend_claim,
-            next_claim,
             asks_rights,
             ..Evaluation::decided(
                 would_allow,
@@ -360,7 +254,6 @@ impl KeyState {
                 },
                 retry_after_ms,
                 e,
-                allowance,
             )
         }
     }
@@ -368,7 +261,6 @@ impl KeyState {
     fn eval_sliding(
         &self,
         target: &Target<'_>,
-        limit: u64,
         window_ms: u64,
         e: u64,
         cost: u64,
@@ -384,35 +276,15 @@ impl KeyState {
                 .map_or(0u128, |t| u128::from(t.net()))
         };
         // Weighted usage is kept scaled by the window length so that every figure is exact.
-        let (cur_me, prev_me, held, scaled_used, allowance) = match ctx.view.consistency {
-            Consistency::Strict => {
-                let held = holdings(
-                    target.static_share(ctx.me, ctx.replicas),
-                    &self.crdt.holdings,
-                    ctx.me,
-                );
-                let (c, p) = (net_of(cur, ctx.me), net_of(prev, ctx.me));
-                (c, p, held, c * w + p * (w - el), Allowance::default())
-            }
-            Consistency::Optimistic => {
-                let used = assumed_usage(
-                    ctx,
-                    target,
-                    |n| net_of(cur, n) * w + net_of(prev, n) * (w - el),
-                    w,
-                );
-                let c: u128 = cur.map_or(0, |s| u128::from(s.net_total()));
-                let p: u128 = prev.map_or(0, |s| u128::from(s.net_total()));
-                let left = i128::from(limit) - (used.div_ceil(w)) as i128;
-                let allowance = self.allowance(left, e, ctx);
-                (c, p, limit, used, allowance)
-            }
-        };
+        let held = holdings(
+            target.static_share(ctx.me, ctx.replicas),
+            &self.crdt.holdings,
+            ctx.me,
+        );
+        let (cur_me, prev_me) = (net_of(cur, ctx.me), net_of(prev, ctx.me));
+        let scaled_used = cur_me * w + prev_me * (w - el);
         let room_scaled = (u128::from(held) * w).saturating_sub(scaled_used);
-        let mut available = (room_scaled / w) as u64;
-        if ctx.view.consistency == Consistency::Optimistic {
-            available = available.min(allowance_room(&allowance, limit, ctx).max(0) as u64);
-        }
+        let available = (room_scaled / w) as u64;
         let need = cost.max(threshold(target.min_fill_ppm, held));
         let would_allow = available >= need;
         let retry_after_ms = if would_allow {
@@ -438,14 +310,7 @@ impl KeyState {
             },
             retry_after_ms,
             e,
-            allowance,
         )
-    }
-
-    /// Optimistic mode: the allowance in force (reset at every sync and every epoch).
-    pub(super) fn allowance(&self, left_now: i128, epoch: u64, ctx: &DecideCtx<'_>) -> Allowance {
-        let kept = self.optimistic().map(|o| o.allowance);
-        Allowance::in_force(kept, left_now, epoch, ctx.view.sync_gen)
     }
 }
 
@@ -473,7 +338,7 @@ fn shaping_delay(
     if waiting <= 0 {
         return 0;
     }
-    // The sub-bucket (or, optimistic, the whole bucket) drains `units × rate / burst` per
+    // The sub-bucket drains `units × rate / burst` per
     // `per_ms`.
     let mul = u128::from(per_ms) * u128::from(burst);
     let div = u128::from(rate) * u128::from(units) * NANO as u128;

@@ -12,15 +12,13 @@ use crate::rights::{holdings, sub_bucket_level, write_level};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
 
-use super::allowance::Allowance;
-
 /// One key's state: the replicated CRDT and private bookkeeping.
 ///
 /// A store holds one per key on every node, so its size is the node's memory per key. The
 /// common key lives inline, in one allocation with the store's entry: a `KeyState` is 128
 /// bytes on 64-bit targets (a test pins it). Out of line, and only where needed, is the
 /// demand book: the demand forecast — on nodes that see requests for the key in more than
-/// one gossip interval — and optimistic mode's allowance and claim timing.
+/// one gossip interval — and the rights it asked for.
 #[derive(Debug, Clone, Default)]
 pub struct KeyState {
     pub(super) crdt: KeyCrdt,
@@ -33,15 +31,12 @@ pub struct KeyState {
 }
 
 /// This node's own record of its demand for a key, kept out of line and never replicated:
-/// the forecast and, in optimistic mode, its spending against the allowance and when it
-/// first decided in the epoch.
+/// the forecast and what it asked for.
 #[derive(Debug, Clone)]
 pub(super) struct DemandBook {
-    /// This node's demand for the key, for the escrow's rebalancing and optimistic claims.
+    /// This node's demand for the key, for the escrow's rebalancing.
     pub(super) forecast: Forecast,
-    /// Optimistic mode's bookkeeping (strict keys never allocate it).
-    pub(super) optimistic: Option<Box<OptimisticBook>>,
-    /// Strict mode: tokens this node denied because it held too little while the cluster,
+    /// Tokens this node denied because it held too little while the cluster,
     /// as it sees it, had room (a deny that asks for rights), and when it last did. Published
     /// as demand until what it holds covers them or they are [`UNMET_TTL_MS`] old.
     pub(super) unmet: (u64, Millis),
@@ -51,16 +46,6 @@ pub(super) struct DemandBook {
 
 /// How long a deny's ask for rights stays published without a new deny.
 pub(super) const UNMET_TTL_MS: Millis = 2_000;
-
-/// Optimistic mode's private bookkeeping for one key.
-#[derive(Debug, Clone, Default)]
-pub(super) struct OptimisticBook {
-    /// The per-sync allowance (sliding windows and token buckets) as last spent against.
-    pub(super) allowance: Allowance,
-    /// The latest epoch this node decided in, and when it first did (fixed windows and
-    /// quotas: the claim grace period runs from it).
-    pub(super) first_decision: (u64, Millis),
-}
 
 /// Which of this node's entries in the CRDT changed since the last delta: what
 /// [`KeyState::take_delta`] returns next.
@@ -76,19 +61,12 @@ pub(super) struct PendingDelta {
     pub(super) bucket: bool,
     /// Its demand register.
     pub(super) demand: bool,
-    /// Its claims.
-    pub(super) claims: bool,
 }
 
 impl PendingDelta {
     /// Whether anything is pending.
     pub(super) fn any(&self) -> bool {
-        self.tallies
-            || self.slot_transfers
-            || self.holdings
-            || self.bucket
-            || self.demand
-            || self.claims
+        self.tallies || self.slot_transfers || self.holdings || self.bucket || self.demand
     }
 }
 
@@ -119,30 +97,10 @@ impl KeyState {
         self.demand_book.get_or_insert_with(|| {
             Box::new(DemandBook {
                 forecast: Forecast::starting_at(now),
-                optimistic: None,
                 unmet: (0, 0),
                 last_demand: now,
             })
         })
-    }
-
-    /// Optimistic mode's bookkeeping, if this node keeps any for the key.
-    #[inline]
-    pub(super) fn optimistic(&self) -> Option<&OptimisticBook> {
-        self.demand_book.as_ref()?.optimistic.as_deref()
-    }
-
-    #[inline]
-    pub(super) fn optimistic_mut(&mut self, now: Millis) -> &mut OptimisticBook {
-        self.demand_book_mut(now)
-            .optimistic
-            .get_or_insert_with(Box::default)
-    }
-
-    /// This node's demand forecast for the key, if it keeps one.
-    #[inline]
-    pub(super) fn forecast(&self) -> Option<&Forecast> {
-        self.demand_book.as_ref().map(|c| &c.forecast)
     }
 
     /// Feeds the demand forecast what was requested here since its last sample. A key whose

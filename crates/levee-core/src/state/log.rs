@@ -34,7 +34,7 @@ pub(super) fn log_range(now: Millis, window_ms: Millis) -> (u64, u64) {
 
 /// The most entries a sliding log keeps: on a strict cluster every entry of the window
 /// admitted at least one token and the window holds at most `limit` of them; what is above
-/// twice that (an optimistic overshoot, a hostile peer) is dropped oldest first.
+/// twice that (a hostile peer) is dropped oldest first.
 #[inline]
 pub(super) fn max_log_entries(limit: u64) -> usize {
     (2 * limit).max(2) as usize

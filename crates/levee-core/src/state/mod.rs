@@ -1,21 +1,19 @@
 //! The state of one key and the decisions made against it.
 //!
 //! A [`KeyState`] holds the replicated [`KeyCrdt`](crate::KeyCrdt) and a little private
-//! bookkeeping (what changed since the last delta, the optimistic allowance, the demand
-//! forecast). Every function takes the time as an argument.
+//! bookkeeping (what changed since the last delta, the demand forecast). Every function takes the time as an argument.
 //!
 //! ## Call order
 //!
 //! 1. [`KeyState::decide`] (or [`decide_all`]) on each request; [`KeyState::refund`] when a
 //!    request is given back.
 //! 2. [`KeyState::merge`] for every delta or full state received from a peer.
-//! 3. Every gossip interval, [`KeyState::rebalance`] (strict mode: move spare rights toward
-//!    demand), then [`KeyState::take_delta`] to get what changed, to send to peers.
+//! 3. Every gossip interval, [`KeyState::rebalance`] (move spare rights toward demand), then [`KeyState::take_delta`] to get what changed, to send to peers.
 //! 4. [`KeyState::prune`] now and then to drop epochs past retention.
 //!
 //! ## How each algorithm decides
 //!
-//! *Fixed windows and quotas* count per epoch. In strict mode node *n* holds for epoch *e*
+//! *Fixed windows and quotas* count per epoch. Node *n* holds for epoch *e*
 //! the rights `split(limit)[n] + received[e] − given[e]` and admits while its own net
 //! consumption in *e* stays within them; the sum over nodes is the limit, so the global
 //! limit holds without coordination.
@@ -35,33 +33,25 @@
 //! refill together, so the sub-buckets always sum to at most the global bucket and the
 //! cluster never admits more than `burst + rate × (t2 − t1)` over any interval.
 //!
-//! In optimistic mode the node admits against the merged global figures instead, treating
-//! every unreachable region as having consumed `max(last known, its full share)`. Fixed
-//! windows and quotas admit within the node's claim for the epoch, raised in rounds so that
-//! the claims never sum above the limit on a healthy network (see `plan_claim` and
-//! `docs/algorithms.md`); sliding windows and token buckets take between two syncs at most
-//! the region's share of what was left at the last sync.
+//! Optimistic mode (admitting against the merged global figures) was removed: the simulator
+//! showed it admitting less than this escrow in every scenario and exceeding its stated bound
+//! (`docs/accuracy.md`).
 //!
 //! ## Where each part lives
 //!
 //! * `key_state`: what a [`KeyState`] holds, and its out-of-line part.
 //! * `decide`: [`KeyState::decide`], [`decide_all`], [`KeyState::refund`] and the answer.
-//! * `evaluate`: one check evaluated per algorithm and mode, before anything is committed;
+//! * `evaluate`: one check evaluated per algorithm, before anything is committed;
 //!   `bucket_eval`: the token (and leaky) bucket's part of it.
 //! * `log`: a sliding log's entries, their window and pruning.
-//! * `claim`: optimistic mode's claim rounds (fixed windows and quotas).
-//! * `allowance`: optimistic mode's budget between two syncs (sliding windows, buckets).
 //! * `delta`: [`KeyState::merge`] and [`KeyState::take_delta`].
 //! * `rebalance`: [`KeyState::rebalance`], the key's side of [`crate::escrow`].
 //! * `usage`: [`KeyState::usage`].
 //!
-//! Their dependencies run one way: `allowance` ← `key_state` ← `claim` ← `evaluate` (and
-//! `bucket_eval`) ← `decide`; `log` ← `evaluate`; `delta`, `rebalance` and `usage` build on `key_state` (and
+//! Their dependencies run one way: `key_state` ← `evaluate` (and `bucket_eval`) ← `decide`; `log` ← `evaluate`; `delta`, `rebalance` and `usage` build on `key_state` (and
 //! `log`).
 
-mod allowance;
 mod bucket_eval;
-mod claim;
 mod decide;
 mod delta;
 mod evaluate;
@@ -71,7 +61,6 @@ mod rebalance;
 mod usage;
 
 pub use crate::rights::NANO;
-pub use claim::CLAIM_GRACE_MS;
 pub use decide::decide_all;
 pub use delta::MergeError;
 pub use evaluate::{RECOVERY_RETRY_MS, RIGHTS_RETRY_MS};

@@ -2,7 +2,6 @@
 //! giving spare rights toward the demand of others ([`crate::escrow`] decides where).
 
 use crate::crdt::Tally;
-use crate::decision::Consistency;
 use crate::escrow::{self, HORIZON_MS, PRESS_MS, RebalanceCtx};
 use crate::forecast::Forecast;
 use crate::rights::holdings;
@@ -46,9 +45,6 @@ impl KeyState {
         if escrow::publish_demand(&mut self.crdt, algo, ctx.me, now, forecast) {
             self.pending.demand = true;
         }
-        if ctx.view.consistency != Consistency::Strict {
-            return 0;
-        }
         let gifts = escrow::give_spare(&mut self.crdt, target, ctx);
         self.pending.slot_transfers |= gifts.epoch_transfers;
         self.pending.holdings |= gifts.holdings;
@@ -56,7 +52,7 @@ impl KeyState {
         gifts.given
     }
 
-    /// Strict mode: a check of `cost` was denied because this node held too little while the
+    /// A check of `cost` was denied because this node held too little while the
     /// cluster had room. The shortfall is published as demand at the next interval (whether
     /// or not the key has a forecast yet: sporadic demand never makes one), so that donors
     /// give toward it and the next request finds rights.
@@ -66,7 +62,6 @@ impl KeyState {
             // seen in one interval (a single deny is no rate).
             Box::new(DemandBook {
                 forecast: Forecast::default(),
-                optimistic: None,
                 unmet: (0, 0),
                 last_demand: now,
             })

@@ -196,6 +196,17 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        if raw
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.mode == ClusterMode::Optimistic)
+        {
+            return Err(err(
+                line_of_key("mode"),
+                "cluster.mode",
+                OPTIMISTIC_REMOVED.into(),
+            ));
+        }
         let replicas = match &raw.cluster {
             None => ReplicaSet::single(&node.id, &node.region),
             Some(cluster) => {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use levee_core::{Consistency, HumanDuration};
+use levee_core::HumanDuration;
 use levee_transport::DialAddr;
 use serde::{Deserialize, Serialize};
 
@@ -149,13 +149,44 @@ pub(super) fn is_host_port(s: &str) -> bool {
     host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
+/// `[cluster] mode`: how the cluster keeps its global limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", try_from = "String")]
+pub enum ClusterMode {
+    /// Escrow: every node spends only the rights it holds; the limit holds under any
+    /// partition.
+    #[default]
+    Strict,
+    /// Removed. Parsed only so that a configuration naming it is refused with the reason and
+    /// the replacement (`Config::parse`), not with serde's list of variants.
+    Optimistic,
+}
+
+impl TryFrom<String> for ClusterMode {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<ClusterMode, String> {
+        match s.as_str() {
+            "strict" => Ok(ClusterMode::Strict),
+            "optimistic" => Ok(ClusterMode::Optimistic),
+            other => Err(format!("unknown mode {other:?}: the only mode is \"strict\"")),
+        }
+    }
+}
+
+/// Why `mode = "optimistic"` is refused: the error names the replacement.
+pub const OPTIMISTIC_REMOVED: &str = "\"optimistic\" was removed: in the simulator strict mode \
+admitted at least as much in every scenario and never exceeded the limit, while optimistic \
+mode went over it under partitions (docs/accuracy.md); use mode = \"strict\" (the default), \
+or leave the key out";
+
 /// `[cluster]`: the multi-region cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSection {
-    /// `strict` (default) or `optimistic`.
+    /// `strict`, the default and the only mode (see [`ClusterMode`]).
     #[serde(default)]
-    pub mode: Consistency,
+    pub mode: ClusterMode,
     /// How often deltas are sent.
     #[serde(default = "default_gossip_interval")]
     pub gossip_interval: HumanDuration,

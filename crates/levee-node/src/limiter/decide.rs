@@ -229,11 +229,7 @@ pub(super) fn over_global_limit(
     dry_run: bool,
     ctx: &DecideCtx<'_>,
 ) -> Option<Decision> {
-    if !r.overridden
-        || dry_run
-        || cost == 0
-        || ctx.view.consistency != levee_core::Consistency::Strict
-    {
+    if !r.overridden || dry_run || cost == 0 {
         return None;
     }
     let usage = s.usage(&r.target, ctx);

@@ -5,8 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use levee_core::{
-    Consistency, DecideCtx, Decision, Effect, KeyState, Millis, NodeIdx, ReplicaSet, Rule,
-    RuleMode, Target,
+    DecideCtx, Decision, Effect, KeyState, Millis, NodeIdx, ReplicaSet, Rule, RuleMode, Target,
 };
 
 use super::api_error::ApiError;
@@ -35,8 +34,6 @@ pub struct RuleSet {
     pub replicas: ReplicaSet,
     /// This node's index in it.
     pub me: NodeIdx,
-    /// Strict or optimistic.
-    pub consistency: Consistency,
 }
 
 impl RuleSet {
@@ -60,13 +57,11 @@ impl RuleSet {
             .replicas
             .node_by_id(&config.node.id)
             .unwrap_or(NodeIdx(0));
-        let consistency = config.cluster.as_ref().map(|c| c.mode).unwrap_or_default();
         RuleSet {
             by_name,
             ordered,
             replicas: config.replicas.clone(),
             me,
-            consistency,
         }
     }
 

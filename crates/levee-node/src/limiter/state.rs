@@ -41,10 +41,7 @@ impl Limiter {
     /// A limiter for a configuration.
     pub fn new(config: &Config, clock: Clock) -> Limiter {
         let rules = RuleSet::from_config(config);
-        let view = ClusterView {
-            consistency: rules.consistency,
-            ..ClusterView::alone()
-        };
+        let view = ClusterView::alone();
         let rules = Arc::new(ArcSwap::from_pointee(rules));
         let overrides = Arc::new(ArcSwap::from_pointee(OverrideTable::new(
             config.node.max_overrides,
@@ -98,10 +95,6 @@ impl Limiter {
             crate::store::decode_id(id)
                 .is_some_and(|(rule, _, _)| keep.get(rule).copied().unwrap_or(false))
         });
-        self.view.store(Arc::new(ClusterView {
-            consistency: new.consistency,
-            ..**self.view.load()
-        }));
         self.rules.store(Arc::new(new));
         self.rebind_overrides(config.node.max_overrides);
         self.notices.reconfigure(config);

@@ -25,17 +25,14 @@ use std::collections::{BTreeMap, HashMap};
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Route};
 use levee_core::Decision;
-use levee_core::{
-    ClusterView, Consistency, KeyCrdt, Lattice, NodeIdx, RegionIdx, ReplicaSet, Rule, RuleSpec,
-};
-use levee_proto::{ForwardCheck, ForwardDecision, Message, decode_frame, encode_frame};
+use levee_core::{KeyCrdt, Lattice, NodeIdx, ReplicaSet, Rule, RuleSpec};
+use levee_proto::{ForwardCheck, ForwardDecision, decode_frame, encode_frame};
 use levee_testkit::rng::SeededRng;
 
-pub use crate::experiment::SyncGen;
 use crate::heal::{HealFigure, HealWatch};
-use crate::ledger::{LastAdmission, Ledger, NodeRights};
+use crate::ledger::{Ledger, NodeRights};
 use crate::net::{NetStats, SimNet};
-use crate::plan::{FaultKind, MAX_REGIONS, RULE, RunPlan, T0};
+use crate::plan::{FaultKind, RULE, RunPlan, T0};
 
 mod network;
 mod requests;
@@ -83,19 +80,12 @@ struct SimNode {
     /// Own entries at the last crash, by (key, window): (consumed, given), kept until the
     /// node has pulled again.
     crash_memory: BTreeMap<(u32, u64), (u64, u64)>,
-    /// [`SyncGen::PerExchange`]: the generation, when it last advanced, and the regions
-    /// heard from since.
-    exchange: (u64, u64, u64),
-    /// By peer: the latest send time of the peer's deltas this node has received.
-    heard: Vec<u64>,
 }
 
 struct Driver<'p> {
     plan: &'p RunPlan,
-    mode: Consistency,
     replicas: ReplicaSet,
     members: Vec<Vec<usize>>,
-    region_limits: Vec<u64>,
     nodes: Vec<SimNode>,
     net: SimNet<Vec<u8>>,
     route_rng: SeededRng,
@@ -107,7 +97,6 @@ struct Driver<'p> {
     split: Vec<u64>,
     epoch_seen: Vec<u64>,
     rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
-    sync: SyncGen,
     /// Checks forwarded and not yet answered, by (forwarding node, batch id): the region
     /// they were asked in and the key.
     forwarded: BTreeMap<(usize, ForwardId), (usize, u32)>,
@@ -115,21 +104,15 @@ struct Driver<'p> {
     key_index: HashMap<String, u32>,
 }
 
-/// Runs Levee in `mode` over `plan`, as production runs.
-pub fn run_levee(plan: &RunPlan, mode: Consistency) -> LeveeResult {
-    run_levee_with(plan, mode, SyncGen::Production)
-}
-
-/// Runs Levee in `mode` over `plan`, with `sync_gen` fed as `sync`.
-pub fn run_levee_with(plan: &RunPlan, mode: Consistency, sync: SyncGen) -> LeveeResult {
-    let mut d = Driver::new(plan, mode);
-    d.sync = sync;
+/// Runs Levee over `plan`, as production runs.
+pub fn run_levee(plan: &RunPlan) -> LeveeResult {
+    let mut d = Driver::new(plan);
     d.run();
     d.finish()
 }
 
 impl<'p> Driver<'p> {
-    fn new(plan: &'p RunPlan, mode: Consistency) -> Driver<'p> {
+    fn new(plan: &'p RunPlan) -> Driver<'p> {
         let replicas = plan.topology.replica_set();
         let region_of = plan.topology.region_of();
         let n = region_of.len();
@@ -141,13 +124,13 @@ impl<'p> Driver<'p> {
             &plan.topology,
             plan.net.clone(),
             region_of.clone(),
-            SeededRng::stream(plan.seed, mode.as_str()),
+            // The stream's name is the mode's from when there were two: the same seed
+            // gives the same network as before.
+            SeededRng::stream(plan.seed, "strict"),
         );
         let mut d = Driver {
             plan,
-            mode,
             members: plan.topology.members(),
-            region_limits: plan.region_limits(),
             nodes: Vec::with_capacity(n),
             net,
             route_rng: SeededRng::stream(plan.seed, "route"),
@@ -163,7 +146,6 @@ impl<'p> Driver<'p> {
                 .map(|&o| plan.window_of((T0 as i64 + o) as u64))
                 .collect(),
             rights: BTreeMap::new(),
-            sync: SyncGen::Production,
             forwarded: BTreeMap::new(),
             key_index: plan
                 .keys
@@ -189,8 +171,6 @@ impl<'p> Driver<'p> {
                 up: true,
                 incarnation: 0,
                 crash_memory: BTreeMap::new(),
-                exchange: (0, 0, 0),
-                heard: vec![0; n],
             });
         }
         for i in 0..n {
@@ -207,7 +187,6 @@ impl<'p> Driver<'p> {
         ClusterConfig {
             me: NodeIdx(me as u16),
             replicas: self.replicas.clone(),
-            consistency: self.mode,
             gossip_interval: g,
             suspect_after: p.suspect_after,
             anti_entropy_interval: p.anti_entropy_interval,

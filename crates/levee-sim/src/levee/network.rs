@@ -1,15 +1,12 @@
 //! The simulated network under the nodes: faults applied, frames flushed, sent and
-//! delivered, and the bookkeeping of what was in flight and when nodes synced.
+//! delivered, and the bookkeeping of when nodes synced.
 
 use super::*;
 
 impl<'p> Driver<'p> {
     pub(super) fn apply(&mut self, fault: FaultKind) {
         match fault {
-            FaultKind::Cut { from, to } => {
-                self.note_in_flight(from, to);
-                self.net.set_cut(from, to, true);
-            }
+            FaultKind::Cut { from, to } => self.net.set_cut(from, to, true),
             FaultKind::Mend { from, to } => self.net.set_cut(from, to, false),
             FaultKind::Crash { node } => {
                 if !self.nodes[node].up {
@@ -45,63 +42,10 @@ impl<'p> Driver<'p> {
                 let cluster = Cluster::new(self.config(node), self.clock(node));
                 let n = &mut self.nodes[node];
                 n.synced = cluster.is_synced();
-                n.exchange = (0, 0, 0);
-                n.heard.iter_mut().for_each(|h| *h = 0);
                 n.cluster = cluster;
                 n.up = true;
                 n.incarnation += 1;
                 self.flush(node);
-            }
-        }
-    }
-
-    /// Optimistic mode, as the link from region `from` to region `to` is cut: the usage of
-    /// `from`'s nodes that some live node of `to` has not merged yet, for every key and every
-    /// window a clock is in: what is in flight when this part of the partition begins.
-    pub(super) fn note_in_flight(&mut self, from: usize, to: usize) {
-        if self.mode != Consistency::Optimistic {
-            return;
-        }
-        let receivers: Vec<usize> = self.members[to]
-            .iter()
-            .copied()
-            .filter(|&m| self.nodes[m].up)
-            .collect();
-        if receivers.is_empty() {
-            return;
-        }
-        let clocks: Vec<u64> = (0..self.nodes.len())
-            .map(|n| self.plan.window_of(self.clock(n)))
-            .collect();
-        let (lo, hi) = (
-            clocks.iter().copied().min().unwrap_or(0),
-            clocks.iter().copied().max().unwrap_or(0),
-        );
-        for (k, name) in self.plan.keys.iter().enumerate() {
-            for w in lo..=hi {
-                let mut unseen = 0;
-                for &n in &self.members[from] {
-                    let truth = self.ledger.truth(k as u32, w, n);
-                    if truth == 0 {
-                        continue;
-                    }
-                    let seen = receivers
-                        .iter()
-                        .map(|&m| {
-                            self.nodes[m]
-                                .states
-                                .state(RULE, name)
-                                .and_then(|c| c.slot(w))
-                                .and_then(|s| s.tallies.get(NodeIdx(n as u16)))
-                                .map_or(0, |t| t.net())
-                        })
-                        .min()
-                        .unwrap_or(0);
-                    unseen += truth.saturating_sub(seen);
-                }
-                if unseen > 0 {
-                    self.ledger.book(k as u32, w).in_flight_at_cuts += unseen;
-                }
             }
         }
     }
@@ -139,8 +83,7 @@ impl<'p> Driver<'p> {
             match encode_frame(&out.msg) {
                 Ok(frame) => {
                     let inc = self.nodes[to].incarnation;
-                    let ack = self.nodes[n].heard[to];
-                    self.net.send_tagged(self.now, n, to, inc, ack, frame);
+                    self.net.send(self.now, n, to, inc, frame);
                 }
                 Err(e) => self.errors.push(format!("node {n}: encode failed: {e}")),
             }
@@ -161,42 +104,11 @@ impl<'p> Driver<'p> {
                     continue;
                 }
             };
-            if matches!(msg, Message::Deltas(_) | Message::PullChunk { .. }) {
-                let heard = &mut self.nodes[to].heard[m.from];
-                *heard = (*heard).max(m.sent);
-                match self.sync {
-                    SyncGen::Production => {}
-                    SyncGen::PerExchange => self.note_exchange(to, m.from, m.sent),
-                    SyncGen::PerRoundTrip => self.note_exchange(to, m.from, m.tag),
-                }
-            }
             let t = self.clock(to);
             let node = &mut self.nodes[to];
             node.cluster
                 .handle_message(NodeIdx(m.from as u16), msg, t, &mut node.states);
             self.flush(to);
-        }
-    }
-
-    /// The experiments of [`SyncGen`]: a delta from `from` reached `to`; `since` is when it
-    /// was sent (per exchange) or the send time of the latest of `to`'s deltas `from` had
-    /// heard when it sent it (per round trip).
-    pub(super) fn note_exchange(&mut self, to: usize, from: usize, since: u64) {
-        let region = self.plan.topology.region_of()[from];
-        let own = self.plan.topology.region_of()[to];
-        let view = self.nodes[to].cluster.view();
-        let node = &mut self.nodes[to];
-        if region == own || since < node.exchange.1 {
-            return;
-        }
-        node.exchange.2 |= 1 << region;
-        let complete = (0..self.members.len()).all(|r| {
-            r == own
-                || view.unreachable.contains(RegionIdx(r as u16))
-                || node.exchange.2 & (1 << r) != 0
-        });
-        if complete {
-            node.exchange = (node.exchange.0 + 1, self.now, 0);
         }
     }
 

@@ -53,9 +53,6 @@ impl<'p> Driver<'p> {
         let name = &self.plan.keys[key as usize];
         let mut view = self.nodes[node].cluster.view();
         view.acting_alone = acting_alone;
-        if self.sync != SyncGen::Production {
-            view.sync_gen = self.nodes[node].exchange.0;
-        }
         let t = self.clock(node);
         let window = self.plan.window_of(t);
         let Some(decision) = self.nodes[node].states.decide(RULE, name, 1, t, view) else {
@@ -63,7 +60,7 @@ impl<'p> Driver<'p> {
                 .push(format!("node {node}: no decision for key {name}"));
             return None;
         };
-        if !decision.allowed && self.mode == Consistency::Strict && !view.recovering {
+        if !decision.allowed && !view.recovering {
             let limit = self.plan.limit;
             let book = self.ledger.book(key, window);
             if book.admitted_total() < limit {
@@ -73,9 +70,6 @@ impl<'p> Driver<'p> {
         }
         if decision.allowed {
             self.ledger.admit(key, window, region, node);
-            if self.mode == Consistency::Optimistic {
-                self.record_slack(node, key, window, region, view);
-            }
         }
         Some(decision)
     }
@@ -107,52 +101,5 @@ impl<'p> Driver<'p> {
         }
         let t = self.clock(n);
         self.nodes[n].cluster.answer_forward(from, id, decisions, t);
-    }
-
-    /// Optimistic mode: what the deciding node had not accounted for at this admission.
-    pub(super) fn record_slack(
-        &mut self,
-        node: usize,
-        key: u32,
-        window: u64,
-        region: usize,
-        view: ClusterView,
-    ) {
-        let name = &self.plan.keys[key as usize];
-        let slot = self.nodes[node]
-            .states
-            .state(RULE, name)
-            .and_then(|c| c.slot(window));
-        let mut last = LastAdmission {
-            at: self.now,
-            ..LastAdmission::default()
-        };
-        for (r, members) in self.members.iter().enumerate() {
-            let seen: u64 = members
-                .iter()
-                .map(|&n| {
-                    slot.and_then(|s| s.tallies.get(NodeIdx(n as u16)))
-                        .map_or(0, |t| t.net())
-                })
-                .sum();
-            let truth: u64 = members
-                .iter()
-                .map(|&n| self.ledger.truth(key, window, n))
-                .sum();
-            let unreachable =
-                r != region && (view.recovering || view.unreachable.contains(RegionIdx(r as u16)));
-            let assumed = if unreachable {
-                seen.max(self.region_limits[r])
-            } else {
-                seen
-            };
-            last.slack += truth.saturating_sub(assumed);
-            last.unseen[r] = truth.saturating_sub(seen);
-            if r == region || !self.net.region_cut(r, region) {
-                last.connected |= 1 << r;
-            }
-        }
-        debug_assert!(self.members.len() <= MAX_REGIONS);
-        self.ledger.set_last(key, window, region, last);
     }
 }
