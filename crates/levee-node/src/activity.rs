@@ -182,7 +182,7 @@ pub fn set_rights_moved(total: u64) {
     RIGHTS_MOVED.store(total, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Rights this node has given to others so far (0 on a single node, or in optimistic mode).
+/// Rights this node has given to others so far (0 on a single node).
 pub fn rights_moved() -> u64 {
     RIGHTS_MOVED.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -38,7 +38,7 @@ pub(super) struct StatusJson {
     /// Keys this node holds state for.
     keys: usize,
     /// Rights (tokens) this node has given to others by strict mode's rebalancing since it
-    /// started (0 on a single node and in optimistic mode).
+    /// started (0 on a single node).
     rights_moved: u64,
     /// The decisions of each rule in force since the node started (a rule keeps its counts
     /// through reloads); rates are differences between two readings.
