@@ -529,5 +529,3 @@ fn strict_fixed_window_moves_idle_rights_to_demand_without_exceeding_the_limit()
         "per-window admissions {late:?}"
     );
 }
-
-// ---- optimistic claims ------------------------------------------------------------------

@@ -3,7 +3,8 @@
 use crate::message::Message;
 
 /// The protocol version this build speaks. 2: batches carry their keys as a (possibly
-/// deflated) block, and a key's state its optimistic-mode claims.
+/// deflated) block, and a key's state the optimistic mode's claims (always empty since that
+/// mode was removed; the field stays so that the encoding is version 2's).
 pub const VERSION: u8 = 2;
 /// The oldest version this build decodes: one version back, so that nodes of two
 /// consecutive versions understand each other's frames during a rolling upgrade (this build
