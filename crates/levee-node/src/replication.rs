@@ -76,6 +76,8 @@ pub struct Replication {
     forwarders: Vec<Option<mpsc::Sender<Job>>>,
     /// Forwarded batches waiting for the machine's answer; filled while `cluster` is locked.
     waiting: Mutex<HashMap<ForwardId, oneshot::Sender<Answer>>>,
+    /// Held while the limiter's view is set (see `Event::ViewChanged` in `dispatch`).
+    view_order: Mutex<()>,
     /// When the timer task will next wake (ms); a forward due earlier wakes it.
     timer_at: AtomicU64,
     wake_timer: Notify,
@@ -180,6 +182,7 @@ impl Replication {
             me,
             forwarders,
             waiting: Mutex::new(HashMap::new()),
+            view_order: Mutex::new(()),
             timer_at: AtomicU64::new(0),
             wake_timer: Notify::new(),
             suspect_after,
@@ -268,7 +271,15 @@ impl Replication {
     fn dispatch<H: ClusterHost>(self: &Arc<Self>, host: &Arc<H>, events: Vec<Event>) {
         for event in events {
             match event {
-                Event::ViewChanged(view) => {
+                Event::ViewChanged(_) => {
+                    // Events are dispatched outside the machine's lock, by whichever task
+                    // drained them, so two changes can be dispatched in the opposite order
+                    // to the one they happened in; setting the event's own view would then
+                    // leave the older one in force until the next change. The view set is
+                    // the machine's current one, read and set in one ordered step: the last
+                    // to run sets the newest.
+                    let _order = self.view_order.lock();
+                    let view = self.cluster.lock().view();
                     let rules = host.limiter().rules();
                     for r in rules.replicas.regions() {
                         crate::metrics::region_reachable(
