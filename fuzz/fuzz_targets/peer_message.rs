@@ -5,7 +5,7 @@
 
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig};
-use levee_core::{Consistency, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
+use levee_core::{NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{Message, decode_payload_of, encode_id};
 use libfuzzer_sys::fuzz_target;
 
@@ -45,15 +45,9 @@ fuzz_target!(|data: &[u8]| {
             .validate()
             .unwrap(),
     ];
-    let consistency = if head & 4 == 0 {
-        Consistency::Strict
-    } else {
-        Consistency::Optimistic
-    };
     let cfg = ClusterConfig {
         me: NodeIdx(0),
         replicas: replicas.clone(),
-        consistency,
         gossip_interval: 20,
         suspect_after: 300,
         anti_entropy_interval: 200,
