@@ -55,7 +55,6 @@ impl KeyState {
         Evaluation {
             level_nt: level,
             bucket_units: units,
-            bucket_level_nt: level,
             ..Evaluation::decided(would_allow, available, reset, retry_after_ms, e)
         }
     }

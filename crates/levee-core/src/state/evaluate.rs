@@ -83,10 +83,9 @@ pub(super) struct Evaluation {
     /// admission that spends its last rights) while the cluster, as it sees it, has room:
     /// the decision asks for rights.
     pub(super) asks_rights: bool,
-    /// A token bucket: the capacity (units) of the node's sub-bucket, which the level
-    /// `level_nt` is measured against; and that level.
+    /// A token bucket: the capacity (units) of the node's sub-bucket, which `level_nt` is
+    /// measured against.
     pub(super) bucket_units: u64,
-    pub(super) bucket_level_nt: i128,
 }
 
 impl Evaluation {
@@ -109,7 +108,6 @@ impl Evaluation {
             delay_ms: 0,
             asks_rights: false,
             bucket_units: 0,
-            bucket_level_nt: 0,
         }
     }
 }
@@ -331,7 +329,7 @@ fn shaping_delay(
     if units == 0 {
         return 0;
     }
-    let after = ev.bucket_level_nt - i128::from(cost) * NANO;
+    let after = ev.level_nt - i128::from(cost) * NANO;
     let excess = (i128::from(units) - 1) * NANO - after;
     let free = i128::from(shaping.delay) * NANO * i128::from(units) / i128::from(burst);
     let waiting = excess - free;
