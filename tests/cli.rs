@@ -163,6 +163,12 @@ fn a_node_that_dies_stops_the_cluster_with_its_name_its_log_and_exit_1() {
     let base = free_range(4);
     let out_dir = tempfile::tempdir().expect("a directory");
     let (stdout_path, stderr_path) = (out_dir.path().join("stdout"), out_dir.path().join("stderr"));
+    let rules = out_dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nname = \"daily\"\nalgorithm = \"quota\"\nlimit = 600\nperiod = \"day\"\n",
+    )
+    .expect("rules");
     let mut running = Running {
         child: Command::new(levee_binary())
             .args([
@@ -171,7 +177,9 @@ fn a_node_that_dies_stops_the_cluster_with_its_name_its_log_and_exit_1() {
                 "eu",
                 "--base-port",
                 &base.to_string(),
+                "--config",
             ])
+            .arg(&rules)
             .stdin(Stdio::null())
             .stdout(File::create(&stdout_path).expect("stdout"))
             .stderr(File::create(&stderr_path).expect("stderr"))
@@ -186,8 +194,10 @@ fn a_node_that_dies_stops_the_cluster_with_its_name_its_log_and_exit_1() {
         read(&stdout_path),
         read(&stderr_path)
     );
-    // The table gives every node's pid.
+    // The check it suggests is of a rule the nodes run.
     let stdout = read(&stdout_path);
+    assert!(stdout.contains(r#"-d '{"rule":"daily","key":"acme"}'"#), "{stdout}");
+    // The table gives every node's pid.
     let pid: u32 = stdout
         .lines()
         .find(|l| l.split_whitespace().nth(1) == Some("eu-2"))

@@ -307,7 +307,7 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
             exited: None,
         });
     }
-    let outcome = runtime.block_on(supervise(&mut members, &mut signals, &dir, args));
+    let outcome = runtime.block_on(supervise(&mut members, &mut signals, &dir, args, &spec));
     // The logs are read (a failed node's tail printed) before the directory goes.
     let code = match outcome {
         Stop::Signal(reason) => {
@@ -394,6 +394,7 @@ async fn supervise(
     signals: &mut Signals,
     dir: &Path,
     args: &ClusterArgs,
+    spec: &LocalCluster,
 ) -> Stop {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -442,7 +443,7 @@ async fn supervise(
             ));
         }
     }
-    announce(members, dir, args);
+    announce(members, dir, args, spec);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
@@ -458,8 +459,8 @@ async fn supervise(
     }
 }
 
-/// The table of nodes and a few commands to try.
-fn announce(members: &Members, dir: &Path, args: &ClusterArgs) {
+/// The table of nodes and a few commands to try (a check of the first rule the nodes run).
+fn announce(members: &Members, dir: &Path, args: &ClusterArgs, spec: &LocalCluster) {
     let mut out = format!(
         "levee cluster: {} regions × {} nodes, files in {}\n\n",
         args.regions.len(),
@@ -482,11 +483,17 @@ fn announce(members: &Members, dir: &Path, args: &ClusterArgs) {
         ));
     }
     let first = &members.0[0].node;
+    out.push_str("\ntry:\n");
+    if let Some(rule) = spec.rules.first() {
+        out.push_str(&format!(
+            "  curl -s -XPOST http://{}/v1/check -H 'content-type: application/json' -d '{{\"rule\":\"{}\",\"key\":\"acme\"}}'\n",
+            first.http, rule.name
+        ));
+    }
     out.push_str(&format!(
-        "\ntry:\n  curl -s -XPOST http://{}/v1/check -H 'content-type: application/json' -d '{{\"rule\":\"api-per-tenant\",\"key\":\"acme\"}}'\n  curl -s http://{}/v1/cluster\n\n\
+        "  curl -s http://{}/v1/cluster\n\n\
          logs: {}/<node>.log   stop: Ctrl-C (a node that exits stops the whole cluster)\n\
          to stop and restart single nodes, keep the files (--dir DIR) and run each node yourself:\n  levee serve --config {}\n\n",
-        first.http,
         first.http,
         dir.display(),
         first.config.display()
