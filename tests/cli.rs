@@ -196,7 +196,10 @@ fn a_node_that_dies_stops_the_cluster_with_its_name_its_log_and_exit_1() {
     );
     // The check it suggests is of a rule the nodes run.
     let stdout = read(&stdout_path);
-    assert!(stdout.contains(r#"-d '{"rule":"daily","key":"acme"}'"#), "{stdout}");
+    assert!(
+        stdout.contains(r#"-d '{"rule":"daily","key":"acme"}'"#),
+        "{stdout}"
+    );
     // The table gives every node's pid.
     let pid: u32 = stdout
         .lines()

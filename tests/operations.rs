@@ -537,7 +537,10 @@ fn a_cluster_in_the_removed_optimistic_mode_is_refused_naming_the_replacement() 
     };
     let (code, out) = levee_blackbox::config_check(&config("mode = \"optimistic\""));
     assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains(":6: cluster.mode:"), "file, line and field: {out}");
+    assert!(
+        out.contains(":6: cluster.mode:"),
+        "file, line and field: {out}"
+    );
     assert!(
         out.contains("\"optimistic\" was removed") && out.contains("use mode = \"strict\""),
         "the reason and the replacement: {out}"

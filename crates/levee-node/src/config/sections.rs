@@ -169,7 +169,9 @@ impl TryFrom<String> for ClusterMode {
         match s.as_str() {
             "strict" => Ok(ClusterMode::Strict),
             "optimistic" => Ok(ClusterMode::Optimistic),
-            other => Err(format!("unknown mode {other:?}: the only mode is \"strict\"")),
+            other => Err(format!(
+                "unknown mode {other:?}: the only mode is \"strict\""
+            )),
         }
     }
 }
