@@ -1,8 +1,10 @@
 //! The decision path: deciding one request (or several atomically), committing what was
 //! decided, refunding, and the answer a caller gets.
 
+use crate::crdt::EpochSlot;
 use crate::decision::{AllDecision, DecideCtx, Decision};
 use crate::escrow::HORIZON_MS;
+use crate::replica::NodeIdx;
 use crate::rights::NANO;
 use crate::rule::{Algorithm, RuleMode, Target};
 
@@ -42,15 +44,7 @@ impl KeyState {
                 if left == 0 || slot.epoch < from {
                     break;
                 }
-                let Some(t) = slot.tallies.get(ctx.me).copied() else {
-                    continue;
-                };
-                let give = left.min(t.net());
-                if give > 0 {
-                    slot.tallies.entry(ctx.me).refunded = t.refunded + give;
-                    left -= give;
-                    self.pending.tallies = true;
-                }
+                self.pending.tallies |= refund_from(slot, ctx.me, &mut left);
             }
         }
         // The current epoch first; a sliding window's previous epoch still weighs.
@@ -63,17 +57,8 @@ impl KeyState {
             if left == 0 {
                 break;
             }
-            let Some(slot) = self.crdt.slots.iter_mut().find(|s| s.epoch == epoch) else {
-                continue;
-            };
-            let Some(t) = slot.tallies.get(ctx.me).copied() else {
-                continue;
-            };
-            let give = left.min(t.net());
-            if give > 0 {
-                slot.tallies.entry(ctx.me).refunded = t.refunded + give;
-                left -= give;
-                self.pending.tallies = true;
+            if let Some(slot) = self.crdt.slots.iter_mut().find(|s| s.epoch == epoch) {
+                self.pending.tallies |= refund_from(slot, ctx.me, &mut left);
             }
         }
         if let Algorithm::TokenBucket { .. } = algo {
@@ -137,6 +122,21 @@ impl KeyState {
             self.prune(algo, now);
         }
     }
+}
+
+/// Gives back up to `left` of what `me` consumed in `slot` (never more than its net
+/// consumption there), lowering `left` by it. Returns whether the tally changed.
+fn refund_from(slot: &mut EpochSlot, me: NodeIdx, left: &mut u64) -> bool {
+    let Some(t) = slot.tallies.get(me).copied() else {
+        return false;
+    };
+    let give = (*left).min(t.net());
+    if give == 0 {
+        return false;
+    }
+    slot.tallies.entry(me).refunded = t.refunded + give;
+    *left -= give;
+    true
 }
 
 /// Decides one request against several rules atomically: it is allowed only if every enforced

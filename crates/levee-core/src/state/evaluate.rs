@@ -169,11 +169,7 @@ impl KeyState {
         ctx: &DecideCtx<'_>,
     ) -> Evaluation {
         let now = ctx.now;
-        let held = holdings(
-            target.static_share(ctx.me, ctx.replicas),
-            &self.crdt.holdings,
-            ctx.me,
-        );
+        let held = self.continuous_holdings(target, ctx);
         let used = self.log_used(now, window_ms, Some(ctx.me));
         let available = held.saturating_sub(used);
         let need = cost.max(threshold(target.min_fill_ppm, held));
@@ -274,11 +270,7 @@ impl KeyState {
                 .map_or(0u128, |t| u128::from(t.net()))
         };
         // Weighted usage is kept scaled by the window length so that every figure is exact.
-        let held = holdings(
-            target.static_share(ctx.me, ctx.replicas),
-            &self.crdt.holdings,
-            ctx.me,
-        );
+        let held = self.continuous_holdings(target, ctx);
         let (cur_me, prev_me) = (net_of(cur, ctx.me), net_of(prev, ctx.me));
         let scaled_used = cur_me * w + prev_me * (w - el);
         let room_scaled = (u128::from(held) * w).saturating_sub(scaled_used);

@@ -128,6 +128,17 @@ impl KeyState {
         }
     }
 
+    /// This node's continuous rights in the key (sliding windows and logs, token buckets):
+    /// its static share plus what it received, less what it gave.
+    #[inline]
+    pub(super) fn continuous_holdings(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> u64 {
+        holdings(
+            target.static_share(ctx.me, ctx.replicas),
+            &self.crdt.holdings,
+            ctx.me,
+        )
+    }
+
     /// The node's own sub-bucket: level after refill (nanotokens) and capacity (units).
     #[inline]
     pub(super) fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, u64) {
@@ -141,7 +152,7 @@ impl KeyState {
             return (0, 0);
         };
         let base = target.static_share(ctx.me, ctx.replicas);
-        let units = holdings(base, &self.crdt.holdings, ctx.me);
+        let units = self.continuous_holdings(target, ctx);
         let level = sub_bucket_level(
             self.crdt.buckets.get(ctx.me),
             base,

@@ -41,6 +41,23 @@ struct FastCheck<'a> {
     all: Option<serde::de::IgnoredAny>,
 }
 
+impl<'a> FastCheck<'a> {
+    /// Check `i` of a batch, validated (as [`super::request::CheckBody::check_ref`]).
+    #[inline]
+    fn check_ref(&self, i: usize) -> Result<CheckRef<'a>, ApiError> {
+        batch_check(
+            i,
+            self.rule,
+            self.key,
+            self.cost,
+            self.class,
+            self.idempotency_key,
+            self.dry_run,
+            self.all.is_some(),
+        )
+    }
+}
+
 /// The body of `POST /v1/check/batch`, borrowed.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -120,18 +137,7 @@ pub fn fuzz_batch_body(bytes: &[u8], max_batch: usize) {
     let fast: Vec<Result<CheckRef<'_>, ApiError>> = fast
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            batch_check(
-                i,
-                c.rule,
-                c.key,
-                c.cost,
-                c.class,
-                c.idempotency_key,
-                c.dry_run,
-                c.all.is_some(),
-            )
-        })
+        .map(|(i, c)| c.check_ref(i))
         .collect();
     if fast.len() > max_batch {
         assert!(
@@ -255,18 +261,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
                 escaped = false;
                 fast.into_iter()
                     .enumerate()
-                    .map(|(i, c)| {
-                        batch_check(
-                            i,
-                            c.rule,
-                            c.key,
-                            c.cost,
-                            c.class,
-                            c.idempotency_key,
-                            c.dry_run,
-                            c.all.is_some(),
-                        )
-                    })
+                    .map(|(i, c)| c.check_ref(i))
                     .collect::<Result<_, _>>()?
             }
             None => {
