@@ -239,12 +239,7 @@ fn a_peer_forecast_of_u64_max_does_not_overflow_the_margin() {
         rule.bind(&replicas);
         let target = rule.target(None, 1).unwrap();
         let me = NodeIdx(0);
-        let ctx = DecideCtx {
-            now: START,
-            me,
-            replicas: &replicas,
-            view: view(),
-        };
+        let ctx = ctx_at(&replicas, me, START);
         let mut hostile = KeyCrdt::default();
         *hostile.demand.entry(NodeIdx(2)) = DemandReg {
             seq: 1,
@@ -277,12 +272,7 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
     rule.bind(&replicas);
     let target = rule.target(None, 1).unwrap();
     let me = NodeIdx(0);
-    let ctx = DecideCtx {
-        now: START,
-        me,
-        replicas: &replicas,
-        view: view(),
-    };
+    let ctx = ctx_at(&replicas, me, START);
     let mut hostile = KeyCrdt::default();
     hostile.holdings.give(NodeIdx(2), me, u64::MAX);
     hostile.holdings.give(NodeIdx(3), me, u64::MAX);
@@ -301,6 +291,16 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
     state.decide(&target, RuleMode::Enforce, 1, false, &ctx);
 }
 
+/// A healthy cluster's decision context for `me` at `now`.
+fn ctx_at(replicas: &ReplicaSet, me: NodeIdx, now: u64) -> DecideCtx<'_> {
+    DecideCtx {
+        now,
+        me,
+        replicas,
+        view: view(),
+    }
+}
+
 fn strict_fixed(limit: u64) -> (ReplicaSet, levee_core::Rule) {
     let replicas = replicas();
     let mut rule = spec(0, limit).validate().unwrap();
@@ -315,12 +315,7 @@ fn a_delta_whose_sums_would_overflow_is_refused_unchanged() {
     let (replicas, rule) = strict_fixed(100);
     let target = rule.target(None, 1).unwrap();
     let me = NodeIdx(0);
-    let ctx = DecideCtx {
-        now: START,
-        me,
-        replicas: &replicas,
-        view: view(),
-    };
+    let ctx = ctx_at(&replicas, me, START);
     let epoch = START / WINDOW_MS;
     let mut state = KeyState::new();
     let mut first = KeyCrdt::default();
@@ -367,12 +362,7 @@ fn an_inconsistent_tally_or_a_self_transfer_is_refused() {
     let (replicas, rule) = strict_fixed(100);
     let target = rule.target(None, 1).unwrap();
     let me = NodeIdx(0);
-    let ctx = DecideCtx {
-        now: START,
-        me,
-        replicas: &replicas,
-        view: view(),
-    };
+    let ctx = ctx_at(&replicas, me, START);
     let epoch = START / WINDOW_MS;
     let mut state = KeyState::new();
     let mut forged = KeyCrdt::default();
