@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -37,7 +37,7 @@ use levee_blackbox::cluster::{
     Attribution, Cluster, ClusterSpec, View, attribute, decide as decide_check, reachable_of,
 };
 use levee_blackbox::{Reply, agent, levee_binary, metric, wait_until};
-use levee_node::local_cluster::LocalNode;
+use levee_node::local_cluster::{Listed, LocalNode};
 use serde_json::{Value, json};
 
 /// `cluster.gossip_interval` of every test cluster.
@@ -151,8 +151,19 @@ struct LocalClusterHandle {
 impl LocalClusterHandle {
     /// A strict-mode cluster running [`RULES`], every node ready and seeing every peer.
     fn start() -> LocalClusterHandle {
+        LocalClusterHandle::start_layout(&REGIONS, NODES_PER_REGION, None)
+    }
+
+    /// [`LocalClusterHandle::start`] of `regions` × `per_region` nodes, of which only
+    /// `initial` (by index, in list order) are listed and started (`None`: every node).
+    fn start_layout(
+        regions: &[&str],
+        per_region: usize,
+        initial: Option<Vec<usize>>,
+    ) -> LocalClusterHandle {
         let guard = one_cluster_at_a_time();
-        let mut spec = ClusterSpec::new(levee_binary(), &REGIONS, NODES_PER_REGION, RULES);
+        let mut spec = ClusterSpec::new(levee_binary(), regions, per_region, RULES);
+        spec.initial = initial;
         spec.gossip_interval_ms = GOSSIP_INTERVAL_MS;
         spec.suspect_after_ms = SUSPECT_AFTER_MS;
         spec.ready_timeout = READY_TIMEOUT;
@@ -242,6 +253,60 @@ impl LocalClusterHandle {
         self.c.start_node(i).unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Starts node `i` (not running) on its configuration and waits until it is ready, every
+    /// running node has dialled it and every node is fully connected.
+    fn start_node(&mut self, i: usize) {
+        self.c.start_node(i).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Writes the node list `list` (node index, removed) into every node's configuration,
+    /// sends `nodes` SIGHUP, and waits until each of them runs it and sees it agreed (every
+    /// running node of the list runs it too) — or, with `agreed` false, only runs it.
+    fn change_list(&mut self, list: &[(usize, bool)], nodes: &[usize], agreed: bool) {
+        let list: Vec<Listed> = list
+            .iter()
+            .map(|&(node, removed)| Listed { node, removed })
+            .collect();
+        self.c.set_list(&list).unwrap_or_else(|e| panic!("{e}"));
+        let before: Vec<Value> = nodes.iter().map(|&i| self.membership(i)).collect();
+        for &i in nodes {
+            self.c.signal(i, "HUP").unwrap_or_else(|e| panic!("{e}"));
+        }
+        let ok = wait_until(READY_TIMEOUT, || {
+            nodes.iter().zip(&before).all(|(&i, was)| {
+                let m = self.membership(i);
+                m["digest"] != was["digest"] && (!agreed || m["agreed"] == true)
+            })
+        });
+        assert!(
+            ok,
+            "the nodes did not take the list {list:?} (agreed: {agreed}) within {READY_TIMEOUT:?}: {:?}",
+            nodes
+                .iter()
+                .map(|&i| (self.id(i), self.membership(i)))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    /// Waits until every node of `nodes` sees its list agreed, all with one digest.
+    fn wait_agreed(&self, nodes: &[usize]) {
+        let mut last: Vec<Value> = Vec::new();
+        let ok = wait_until(READY_TIMEOUT, || {
+            last = nodes.iter().map(|&i| self.membership(i)).collect();
+            last.iter().all(|m| m["agreed"] == true)
+                && last.windows(2).all(|w| w[0]["digest"] == w[1]["digest"])
+        });
+        assert!(
+            ok,
+            "the nodes do not agree on one list within {READY_TIMEOUT:?}: {last:?}"
+        );
+    }
+
+    /// `membership` of node `i`'s `/v1/cluster`.
+    fn membership(&self, i: usize) -> Value {
+        self.status(i)["membership"].clone()
+    }
+
     /// The impostor of node `i` (see [`Cluster::write_impostor`]): its configuration's path.
     fn write_impostor(&self, i: usize) -> std::path::PathBuf {
         self.c.write_impostor(i).unwrap_or_else(|e| panic!("{e}"))
@@ -284,6 +349,37 @@ impl LocalClusterHandle {
                 "check {k} of {n} on {} is allowed: {}",
                 self.id(i),
                 r.body
+            );
+        }
+    }
+
+    /// `n` checks on node `i`, each retried after the `retry_after_ms` of its denials (up to
+    /// 20 times, each at most a second): asserts that every one is admitted. (A node that
+    /// joined during a long window holds no share of it until the next: what it admits in
+    /// this one are rights its peers hand it when it asks, see docs/membership.md.)
+    fn admit_retrying(&self, i: usize, rule: &str, key: &str, n: u64) {
+        for k in 0..n {
+            let mut last = String::new();
+            let admitted = (0..=20).any(|_| {
+                let r = self.check(i, rule, key);
+                if r.allowed() {
+                    return true;
+                }
+                let retry = r.json["retry_after_ms"].as_u64().unwrap_or(u64::MAX);
+                assert!(
+                    retry <= 1_000,
+                    "check {k} of {n} on {} denied with a long retry_after_ms: {}",
+                    self.id(i),
+                    r.body
+                );
+                std::thread::sleep(Duration::from_millis(retry.max(1)));
+                last = r.body;
+                false
+            });
+            assert!(
+                admitted,
+                "check {k} of {n} on {} is admitted within 20 retries: {last}",
+                self.id(i)
             );
         }
     }
@@ -438,12 +534,26 @@ fn run_load(
     start_ms: u64,
     duration_ms: u64,
 ) -> Vec<Sample> {
+    let urls: Vec<String> = demand.iter().map(|d| c.url(d.node, "/v1/check")).collect();
+    run_load_at(&urls, rule, key, demand, start_ms, duration_ms)
+}
+
+/// [`run_load`] with every stream's URL given (`urls[i]` for `demand[i]`), so that it can
+/// run on a thread of its own while the test changes the cluster.
+fn run_load_at(
+    urls: &[String],
+    rule: &str,
+    key: &str,
+    demand: &[Demand],
+    start_ms: u64,
+    duration_ms: u64,
+) -> Vec<Sample> {
     let body = json!({ "rule": rule, "key": key }).to_string();
     let streams = demand.len() as f64;
     std::thread::scope(|s| {
         let mut threads = Vec::new();
         for (i, d) in demand.iter().enumerate() {
-            let url = c.url(d.node, "/v1/check");
+            let url = urls[i].clone();
             let agent = new_agent();
             let interval = 1_000.0 / d.per_second;
             let n = (d.per_second * duration_ms as f64 / 1_000.0).round() as u64;
@@ -1464,4 +1574,396 @@ fn malformed_oversized_and_wrong_version_frames_are_refused_counted_and_the_node
         conn.close(0u32.into(), b"done");
         let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Membership changes while the cluster runs (issue #15)
+// ---------------------------------------------------------------------------------------------
+
+/// One stream of `per_second` checks at each node of `nodes`: their URLs and demand.
+fn streams(c: &LocalClusterHandle, nodes: &[usize], per_second: f64) -> (Vec<String>, Vec<Demand>) {
+    let demand = nodes
+        .iter()
+        .map(|&node| Demand { node, per_second })
+        .collect();
+    (
+        nodes.iter().map(|&n| c.url(n, "/v1/check")).collect(),
+        demand,
+    )
+}
+
+/// `per_second` checks of `rule`/`key` at each node of `nodes` from `from_ms` to `until_ms`
+/// (nothing if that is already past), on a thread of its own.
+fn load_in_background(
+    c: &LocalClusterHandle,
+    nodes: &[usize],
+    (rule, key): (&'static str, &'static str),
+    per_second: f64,
+    from_ms: u64,
+    until_ms: u64,
+) -> std::thread::JoinHandle<Vec<Sample>> {
+    let (urls, demand) = streams(c, nodes, per_second);
+    std::thread::spawn(move || {
+        run_load_at(
+            &urls,
+            rule,
+            key,
+            &demand,
+            from_ms,
+            until_ms.saturating_sub(from_ms),
+        )
+    })
+}
+
+/// Waits for the last load of `loads` to end; it stays in `loads`, done.
+fn finish_load(loads: &mut Vec<std::thread::JoinHandle<Vec<Sample>>>) {
+    if let Some(last) = loads.pop() {
+        let samples = last.join().expect("a load thread panicked");
+        loads.push(std::thread::spawn(move || samples));
+    }
+}
+
+/// Waits for every load of `loads` and accounts its samples in `per-second` windows from the
+/// one starting at `start_ms`: the samples, the accounting, the first window and its table of
+/// `windows` windows.
+fn finish_loads(
+    loads: Vec<std::thread::JoinHandle<Vec<Sample>>>,
+    start_ms: u64,
+    windows: u64,
+) -> (Vec<Sample>, Accounting, u64, String) {
+    let samples: Vec<Sample> = loads
+        .into_iter()
+        .flat_map(|l| l.join().expect("a load thread panicked"))
+        .collect();
+    let a = account(&samples, SECOND_MS);
+    let first = start_ms / SECOND_MS;
+    let table = a.table(first, windows, PER_SECOND_LIMIT);
+    (samples, a, first, table)
+}
+
+/// Admissions per window and node (by the client's clock), for a failing test's output.
+fn admitted_by_node(c: &LocalClusterHandle, samples: &[Sample], window_ms: u64) -> String {
+    let mut windows: BTreeMap<u64, BTreeMap<usize, u64>> = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.allowed()) {
+        *windows
+            .entry(s.sent_ms / window_ms)
+            .or_default()
+            .entry(s.node)
+            .or_default() += 1;
+    }
+    windows
+        .iter()
+        .map(|(w, nodes)| {
+            let row: Vec<String> = nodes
+                .iter()
+                .map(|(n, k)| format!("{} {k}", c.id(*n)))
+                .collect();
+            format!("{w}: {}\n", row.join(", "))
+        })
+        .collect()
+}
+
+/// [`load_in_background`] from `from_ms`, one window at a time, until `until_ms` (ms; read
+/// at the start of every window) is reached.
+fn load_windows_in_background(
+    c: &LocalClusterHandle,
+    nodes: &[usize],
+    (rule, key): (&'static str, &'static str),
+    per_second: f64,
+    from_ms: u64,
+    until_ms: std::sync::Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Vec<Sample>> {
+    let (urls, demand) = streams(c, nodes, per_second);
+    std::thread::spawn(move || {
+        let mut samples = Vec::new();
+        let mut at = from_ms;
+        while at < until_ms.load(Ordering::Relaxed) {
+            samples.extend(run_load_at(&urls, rule, key, &demand, at, SECOND_MS));
+            at += SECOND_MS;
+        }
+        samples
+    })
+}
+
+/// The peers of node `i`'s `/v1/cluster` with their `state`.
+fn peer_states(c: &LocalClusterHandle, i: usize) -> Vec<(String, String)> {
+    c.status(i)["peers"]
+        .as_array()
+        .map(|peers| {
+            peers
+                .iter()
+                .map(|p| {
+                    (
+                        p["id"].as_str().unwrap_or("?").to_owned(),
+                        p["state"].as_str().unwrap_or("?").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Two regions grow from one node each to three while every running node is overloaded, then
+/// shrink back (each pair stopped, then marked removed in the list), all by reloading the
+/// list on the running nodes and starting the new ones: no restart of anyone. No window ever
+/// admits more than the limit; every list becomes agreed; once the last change is agreed the
+/// two remaining nodes spend their whole shares again; and usage counted by a node before it
+/// was removed is still counted, the same on both remaining nodes.
+#[test]
+fn a_cluster_grows_from_one_to_three_nodes_per_region_and_shrinks_back_under_load_holding_the_limit()
+ {
+    const PER_NODE: f64 = 150.0;
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 3, Some(vec![0, 3]));
+    let [eu1, eu2, eu3, us1, us2, us3] = [0, 1, 2, 3, 4, 5];
+    let hot = ("per-second", "growing");
+    let (daily, counted) = ("daily", "counted-before-removal");
+    let start = next_window_start(SECOND_MS);
+    let second = |k: u64| start + k * SECOND_MS;
+    // eu-1 and us-1 are loaded until three windows after the last change applies, however
+    // long the changes take on a slow machine.
+    let until = std::sync::Arc::new(AtomicU64::new(u64::MAX));
+    let mut loads = vec![load_windows_in_background(
+        &c,
+        &[eu1, us1],
+        hot,
+        PER_NODE,
+        start,
+        std::sync::Arc::clone(&until),
+    )];
+    let mut log = Vec::new();
+
+    sleep_until_ms(second(2) as f64);
+    let two = [(eu1, false), (us1, false), (eu2, false), (us2, false)];
+    c.change_list(&two, &[eu1, us1], false);
+    c.start_node(eu2);
+    c.start_node(us2);
+    let second_pair = load_in_background(&c, &[eu2, us2], hot, PER_NODE, now_ms(), second(11));
+    c.wait_agreed(&[eu1, us1, eu2, us2]);
+    log.push(format!(
+        "two per region, agreed at window {}",
+        now_ms() / SECOND_MS
+    ));
+
+    sleep_until_ms(second(5) as f64);
+    let three = [
+        (eu1, false),
+        (us1, false),
+        (eu2, false),
+        (us2, false),
+        (eu3, false),
+        (us3, false),
+    ];
+    c.change_list(&three, &[eu1, us1, eu2, us2], false);
+    c.start_node(eu3);
+    c.start_node(us3);
+    let third_pair = load_in_background(&c, &[eu3, us3], hot, PER_NODE, now_ms(), second(9));
+    c.wait_agreed(&[eu1, us1, eu2, us2, eu3, us3]);
+    log.push(format!(
+        "three per region, agreed at window {}",
+        now_ms() / SECOND_MS
+    ));
+    c.admit_retrying(eu3, daily, counted, 10);
+
+    sleep_until_ms((second(9) + 100) as f64);
+    // A load ends before its nodes stop (late checks would find them gone).
+    loads.push(third_pair);
+    finish_load(&mut loads);
+    c.stop(eu3);
+    c.stop(us3);
+    let without_third = [
+        (eu1, false),
+        (us1, false),
+        (eu2, false),
+        (us2, false),
+        (eu3, true),
+        (us3, true),
+    ];
+    c.change_list(&without_third, &[eu1, us1, eu2, us2], true);
+    c.wait_agreed(&[eu1, us1, eu2, us2]);
+    log.push(format!(
+        "third nodes removed, agreed at window {}",
+        now_ms() / SECOND_MS
+    ));
+
+    sleep_until_ms((second(11) + 100) as f64);
+    loads.push(second_pair);
+    finish_load(&mut loads);
+    c.stop(eu2);
+    c.stop(us2);
+    let one = [
+        (eu1, false),
+        (us1, false),
+        (eu2, true),
+        (us2, true),
+        (eu3, true),
+        (us3, true),
+    ];
+    c.change_list(&one, &[eu1, us1], true);
+    c.wait_agreed(&[eu1, us1]);
+    // Shares that grow apply from the window after next (rights for the next window may
+    // have been handed over under the old shares already).
+    let settled = now_ms() / SECOND_MS + 2;
+    log.push(format!(
+        "back to one per region, agreed at window {}",
+        settled - 2
+    ));
+    until.store((settled + 3) * SECOND_MS, Ordering::Relaxed);
+    let windows = settled + 3 - start / SECOND_MS;
+
+    let (samples, a, first, table) = finish_loads(loads, start, windows);
+    let by_node = admitted_by_node(&c, &samples, SECOND_MS);
+    eprintln!(
+        "growing and shrinking, limit {PER_SECOND_LIMIT} per window ({}):\n{table}\nadmitted by node:\n{by_node}",
+        log.join("; ")
+    );
+    a.assert_clean();
+    for w in first..first + windows {
+        let t = a.tally(w);
+        assert!(
+            t.admitted <= PER_SECOND_LIMIT,
+            "window {w} admitted {} > the limit {PER_SECOND_LIMIT}:\n{table}\n{by_node}",
+            t.admitted
+        );
+        assert!(
+            t.sent > PER_SECOND_LIMIT,
+            "window {w} was not overloaded: {t:?}"
+        );
+    }
+    // From the window after next once the last list is agreed, eu-1 and us-1 hold their
+    // whole shares again.
+    for w in settled..first + windows {
+        let t = a.tally(w);
+        assert!(
+            10 * t.admitted >= 9 * PER_SECOND_LIMIT,
+            "window {w}, after the last change was agreed, admitted {} of {PER_SECOND_LIMIT}:\n{table}",
+            t.admitted
+        );
+    }
+    for i in [eu1, us1] {
+        let states = peer_states(&c, i);
+        for gone in [eu2, eu3, us2, us3] {
+            assert!(
+                states.contains(&(c.id(gone).to_owned(), "gone".to_owned())),
+                "{} shows {} gone: {states:?}",
+                c.id(i),
+                c.id(gone)
+            );
+        }
+        assert_eq!(c.membership(i)["version"], 6, "{}", c.id(i));
+    }
+    // A list that drops an entry (the entries after it would move) is refused, naming the
+    // entry, and the running list is kept.
+    let running = c.membership(eu1);
+    let dropped: Vec<Listed> = one
+        .iter()
+        .filter(|&&(n, _)| n != eu2)
+        .map(|&(node, removed)| Listed { node, removed })
+        .collect();
+    c.c.set_list(&dropped).unwrap_or_else(|e| panic!("{e}"));
+    let r = c.c.post(eu1, "/admin/reload", "").expect("an answer");
+    let message = r.json["message"].as_str().unwrap_or_default();
+    assert!(
+        r.status == 400
+            && message.contains("cluster.node[2]: was \"eu-2\", is now \"us-2\"")
+            && message.ends_with("the running configuration is kept"),
+        "{r:?}"
+    );
+    assert_eq!(c.membership(eu1), running, "the running list is kept");
+
+    // What eu-3 counted before it was removed is still counted, on both remaining nodes.
+    // (What the removed nodes held of the day's rights stays with them until the day ends:
+    // nothing hands it over yet, docs/membership.md.)
+    c.wait_agreement(&[eu1, us1], daily, counted, READY_TIMEOUT, |v| v.used == 10);
+}
+
+/// A node frozen (SIGSTOP) while the others remove it from the list, then thawed: it still
+/// runs the old list, but the list its peers tell it gives it no share, so once it has heard
+/// them the cluster, overloaded at every node, still never admits more than the limit in a
+/// window; and what it tells them (its old list) does not hold their shares down. (Before it hears them it can spend what it held: the bound docs/membership.md
+/// states for removing a node that was not dead.)
+#[test]
+fn a_node_removed_while_frozen_spends_no_share_once_thawed() {
+    const PER_NODE: f64 = 100.0;
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let hot = ("per-second", "thawed");
+    let start = next_window_start(SECOND_MS);
+    let second = |k: u64| start + k * SECOND_MS;
+    // The others are loaded until four windows after the thaw, however long it takes.
+    let until = std::sync::Arc::new(AtomicU64::new(u64::MAX));
+    let mut loads = vec![
+        load_windows_in_background(
+            &c,
+            &[eu1, eu2, us1],
+            hot,
+            PER_NODE,
+            start,
+            std::sync::Arc::clone(&until),
+        ),
+        load_in_background(&c, &[us2], hot, PER_NODE, start, second(2)),
+    ];
+    sleep_until_ms((second(2) + 200) as f64);
+    c.sigstop(us2);
+    let list = [(eu1, false), (eu2, false), (us1, false), (us2, true)];
+    c.change_list(&list, &[eu1, eu2, us1], true);
+    c.wait_agreed(&[eu1, eu2, us1]);
+    sleep_until_ms(second(5) as f64);
+    c.sigcont(us2);
+    // It has heard its peers once every peer shows as running another list than its own.
+    let mut states = Vec::new();
+    let heard = wait_until(READY_TIMEOUT, || {
+        states = peer_states(&c, us2);
+        states.iter().all(|(_, s)| s == "joining")
+    });
+    assert!(
+        heard,
+        "the thawed us-2 did not hear its peers' list: {states:?}"
+    );
+    assert_eq!(
+        c.membership(us2)["agreed"],
+        false,
+        "us-2 runs a list no one else does"
+    );
+    let thawed = now_ms();
+    let end = (thawed / SECOND_MS + 4) * SECOND_MS;
+    until.store(end, Ordering::Relaxed);
+    let windows = (end - start) / SECOND_MS;
+    loads.push(load_in_background(&c, &[us2], hot, PER_NODE, thawed, end));
+    let (samples, a, first, table) = finish_loads(loads, start, windows);
+    eprintln!(
+        "us-2 frozen at window {}, removed, thawed at window {}:\n{table}",
+        (second(2) + 200) / SECOND_MS,
+        thawed / SECOND_MS
+    );
+    a.assert_clean();
+    let by_node = admitted_by_node(&c, &samples, SECOND_MS);
+    for w in first..first + windows {
+        let t = a.tally(w);
+        assert!(
+            t.admitted <= PER_SECOND_LIMIT,
+            "window {w} admitted {} > the limit {PER_SECOND_LIMIT}:\n{table}\nadmitted by node:\n{by_node}",
+            t.admitted
+        );
+    }
+    // Nor does what it says hold the others down: they keep their whole shares.
+    for w in thawed / SECOND_MS + 1..first + windows {
+        let t = a.tally(w);
+        assert!(
+            10 * t.admitted >= 9 * PER_SECOND_LIMIT,
+            "window {w}, after the thaw, admitted {} of {PER_SECOND_LIMIT}:\n{table}",
+            t.admitted
+        );
+    }
+    let thawed_checks = samples
+        .iter()
+        .filter(|s| s.node == us2 && s.sent_ms >= thawed);
+    assert!(
+        thawed_checks.clone().count() > 100,
+        "the thawed node was loaded"
+    );
+    eprintln!(
+        "us-2 after the thaw: {} of {} admitted",
+        thawed_checks.clone().filter(|s| s.allowed()).count(),
+        thawed_checks.count()
+    );
 }

@@ -30,7 +30,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use levee_node::local_cluster::{LocalCluster, LocalNode};
+use levee_node::local_cluster::{Listed, LocalCluster, LocalNode};
 use serde::Serialize;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -73,6 +73,10 @@ pub struct ClusterSpec {
     pub poll_interval: Duration,
     /// The prefix of the cluster's temporary directory.
     pub dir_prefix: String,
+    /// The node list at start, by node index (`None`: every node, in order). Only these
+    /// nodes start; the others are laid out (ports, certificates, files) for
+    /// [`Cluster::set_list`] to add later.
+    pub initial: Option<Vec<usize>>,
 }
 
 impl ClusterSpec {
@@ -97,6 +101,7 @@ impl ClusterSpec {
             restart_ready_timeout: Duration::from_secs(20),
             poll_interval: Duration::from_millis(20),
             dir_prefix: "levee-cluster-".into(),
+            initial: None,
         }
     }
 
@@ -128,6 +133,10 @@ pub struct Cluster {
     watchdog: Option<Child>,
     dir: Option<TempDir>,
     keep: bool,
+    /// The layout, and where node `from` reaches node `to` (`[from][to]`), for
+    /// [`Cluster::set_list`].
+    layout: Option<LocalCluster>,
+    peer_addrs: Vec<Vec<Option<SocketAddr>>>,
 }
 
 /// What a node's `GET /v1/usage/{rule}/{key}` says of a key: the global figure and the
@@ -261,6 +270,8 @@ impl Cluster {
             watchdog: Some(watchdog),
             dir: Some(dir),
             keep: false,
+            layout: None,
+            peer_addrs: Vec::new(),
         };
         let mut last_error = String::new();
         for _attempt in 0..5 {
@@ -285,13 +296,23 @@ impl Cluster {
                     continue;
                 }
             };
-            let idx = |n: &LocalNode| planned.iter().position(|m| m.id == n.id);
-            let written = layout
-                .write(&path, |from, to| match (idx(from), idx(to)) {
-                    (Some(f), Some(t)) if f != t => peer_addr(first_port, f, t),
-                    _ => None,
+            cluster.peer_addrs = (0..nodes)
+                .map(|f| {
+                    (0..nodes)
+                        .map(|t| (f != t).then(|| peer_addr(first_port, f, t)).flatten())
+                        .collect()
                 })
-                .map_err(|e| format!("lay out the cluster: {e}"))?;
+                .collect();
+            let initial: Vec<usize> = spec.initial.clone().unwrap_or_else(|| (0..nodes).collect());
+            let list: Vec<Listed> = initial
+                .iter()
+                .map(|&node| Listed {
+                    node,
+                    removed: false,
+                })
+                .collect();
+            cluster.layout = Some(layout);
+            let written = cluster.write_list(&list)?;
             cluster.members = written
                 .into_iter()
                 .map(|node| Member {
@@ -301,13 +322,16 @@ impl Cluster {
                     agent: agent(HTTP_TIMEOUT),
                 })
                 .collect();
-            let started = (0..nodes).try_for_each(|i| {
+            let started = initial.iter().try_for_each(|&i| {
                 let config = cluster.members[i].node.config.clone();
                 cluster.spawn(i, &config)
             });
             let deadline = Instant::now() + spec.ready_timeout;
-            let outcome =
-                started.and_then(|()| (0..nodes).try_for_each(|i| cluster.wait_ready(i, deadline)));
+            let outcome = started.and_then(|()| {
+                initial
+                    .iter()
+                    .try_for_each(|&i| cluster.wait_ready(i, deadline))
+            });
             match outcome {
                 Ok(()) => {
                     if let Err(e) = cluster.wait_fully_connected(spec.ready_timeout) {
@@ -334,6 +358,31 @@ impl Cluster {
         Err(format!(
             "the cluster did not start after 5 attempts: {last_error}"
         ))
+    }
+
+    /// Writes the node list `list` into every node's configuration file (members and not;
+    /// see [`LocalCluster::write_list`]). Nothing is reloaded or started: send the members
+    /// `SIGHUP`, start the new nodes with [`Cluster::start_node`].
+    pub fn set_list(&mut self, list: &[Listed]) -> Result<(), String> {
+        self.write_list(list).map(|_| ())
+    }
+
+    fn write_list(&self, list: &[Listed]) -> Result<Vec<LocalNode>, String> {
+        let layout = self.layout.as_ref().ok_or("no layout")?;
+        let planned = layout
+            .nodes(self.dir())
+            .map_err(|e| format!("lay out the cluster: {e}"))?;
+        let idx = |n: &LocalNode| planned.iter().position(|m| m.id == n.id);
+        layout
+            .write_list(
+                self.dir(),
+                |from, to| match (idx(from), idx(to)) {
+                    (Some(f), Some(t)) => self.peer_addrs[f][t],
+                    _ => None,
+                },
+                list,
+            )
+            .map_err(|e| format!("lay out the cluster: {e}"))
     }
 
     /// The cluster's directory (configurations, certificates, logs, data).

@@ -20,6 +20,10 @@ pub enum Event {
     /// This node has pulled the cluster's state (or found nobody to pull from): it may be
     /// marked ready. Reported once per [`crate::Cluster::new`].
     Synced,
+    /// The list decisions spend by changed ([`crate::Cluster::spending`]): a membership
+    /// change was made here or reported by a peer, or agreed. The driver rebinds its rules to
+    /// the machine's current one (read it then: events may be dispatched out of order).
+    SharesChanged,
     /// What decisions should assume about the cluster changed; the driver hands the new view
     /// to its decision path. Reported at most once per `handle_*` call.
     ViewChanged(ClusterView),

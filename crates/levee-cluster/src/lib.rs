@@ -39,6 +39,7 @@
 //! | `forward.rs` | forwarded batches waiting for their owner's answer |
 //! | `digest.rs` | the anti-entropy digest: buckets, fingerprints |
 //! | `membership.rs` | failure detection: who is reachable |
+//! | `lists.rs` | live membership: the lists in play and the shares spent while they differ |
 //! | `ring.rs` | consistent hashing of keys to owners inside a region |
 //! | `store.rs` | [`KeyStates`]: what the machine asks of a key store |
 //! | `memory.rs` | [`memory::MemoryStates`]: the key store of tests and the simulator |
@@ -65,6 +66,7 @@
 mod digest;
 mod event;
 mod forward;
+mod lists;
 mod machine;
 pub mod membership;
 pub mod memory;
@@ -78,6 +80,7 @@ pub use digest::{
     DIGEST_BUCKETS, DigestBuckets, Fingerprints, bucket_of, key_fingerprint, key_hash,
 };
 pub use event::{Event, ForwardId};
+pub use lists::{Lists, MAX_UNAGREED, PeerState, Report};
 pub use machine::{
     Cluster, ClusterConfig, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS,
     PeerStatus, override_hash,

@@ -36,6 +36,14 @@ impl Membership {
         }
     }
 
+    /// The list grew to `n` positions: new peers start unheard, unreachable.
+    pub fn grow(&mut self, n: usize) {
+        if n > self.last_heard.len() {
+            self.last_heard.resize(n, None);
+            self.reachable.resize(n, false);
+        }
+    }
+
     /// Records a message from `peer`. Returns `Some(Up)` if it was unreachable.
     pub fn heard(&mut self, peer: NodeIdx, now: Millis) -> Option<Change> {
         let i = usize::from(peer.0);

@@ -50,7 +50,10 @@ pub use crdt::{KeyCrdt, Lattice};
 pub use decision::{AllDecision, ClusterView, DecideCtx, Decision, Usage};
 pub use escrow::RebalanceCtx;
 pub use overrides::{Effect, OverrideReg, OverrideValue};
-pub use replica::{NodeIdx, RegionIdx, RegionMask, ReplicaSet, ReplicaSpec};
+pub use replica::{
+    MAX_NODES, MAX_REGIONS, NodeIdx, REMOVED, RegionIdx, RegionMask, ReplicaSet, ReplicaSetError,
+    ReplicaSpec,
+};
 pub use rule::{Algorithm, CheckError, Rule, RuleError, RuleMode, RuleSpec, Target};
 pub use state::{KeyState, MergeError, RIGHTS_RETRY_MS, decide_all};
 pub use time::{HumanDuration, Millis};

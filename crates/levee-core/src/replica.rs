@@ -66,8 +66,13 @@ pub struct ReplicaSpec {
     /// The region the node serves, e.g. `eu`.
     pub region: String,
     /// The node's weight inside its region; `None` splits the region's weight evenly.
+    /// `Some(0)` marks a removed node ([`REMOVED`]): its position is kept (a tombstone, so
+    /// that positions never move), it has no share, owns no key and is never dialled.
     pub weight: Option<u32>,
 }
+
+/// The weight of a removed node's entry: `[[cluster.node]]` with `removed = true`.
+pub const REMOVED: Option<u32> = Some(0);
 
 /// Why a replica set was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +97,9 @@ pub enum ReplicaSetError {
     /// A weight of zero or above [`MAX_WEIGHT`].
     #[error("{0}: weight must be an integer from 1 to 1000000")]
     InvalidWeight(String),
+    /// A list that cannot follow the running one (positions must never move).
+    #[error("{0}")]
+    NotASuccessor(String),
     /// Too many nodes or regions.
     #[error("cluster: at most {MAX_NODES} nodes and {MAX_REGIONS} regions are supported")]
     TooLarge,
@@ -111,14 +119,27 @@ pub struct ReplicaSet {
     /// Shares as fractions, computed once: the decision path reads them.
     region_shares: Vec<f64>,
     node_shares: Vec<f64>,
+    /// Lists whose shares bound this one's while a membership change settles
+    /// ([`ReplicaSet::with_floors`]): every share is the smallest of this list's and theirs.
+    floors: Vec<Floor>,
+}
+
+/// A list whose shares bound another's, with the position of each of the other's nodes in it.
+#[derive(Debug, Clone, PartialEq)]
+struct Floor {
+    set: ReplicaSet,
+    /// By position in the bounded list: the same node's position in `set`, if it has one.
+    position: Vec<Option<usize>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Replica {
     id: String,
     region: RegionIdx,
-    /// The node's weight in units where the cluster sums to `total_weight`.
+    /// The node's weight in units where the cluster sums to `total_weight` (0 when removed).
     weight: u128,
+    /// The weight as configured (`None`: even; [`REMOVED`]: a tombstone).
+    given: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,17 +203,20 @@ impl ReplicaSet {
                     region: spec.region.clone(),
                 });
             };
-            if spec.weight.is_some_and(|w| w == 0 || w > MAX_WEIGHT) {
+            if spec.weight.is_some_and(|w| w > MAX_WEIGHT) {
                 return Err(ReplicaSetError::InvalidWeight(format!(
                     "cluster.node[{}].weight",
                     spec.id
                 )));
             }
-            regions[r].nodes.push(NodeIdx(i as u16));
+            if spec.weight != REMOVED {
+                regions[r].nodes.push(NodeIdx(i as u16));
+            }
             replicas.push(Replica {
                 id: spec.id.clone(),
                 region: RegionIdx(r as u16),
                 weight: 0,
+                given: spec.weight,
             });
         }
         if let Some(r) = regions.iter().find(|r| r.nodes.is_empty()) {
@@ -238,14 +262,126 @@ impl ReplicaSet {
             digest: 0,
             region_shares,
             node_shares,
+            floors: Vec::new(),
         };
         set.digest = set.compute_digest();
         Ok(set)
     }
 
-    /// Number of nodes.
+    /// The list as the configuration gives it: region weights (sorted by name) and the nodes
+    /// in order. `ReplicaSet::new` of it is this list again (without floors).
+    pub fn specs(&self) -> (Vec<(String, u32)>, Vec<ReplicaSpec>) {
+        let regions = self
+            .regions
+            .iter()
+            .map(|r| (r.name.clone(), r.weight as u32))
+            .collect();
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| ReplicaSpec {
+                id: n.id.clone(),
+                region: self.regions[n.region.0 as usize].name.clone(),
+                weight: n.given,
+            })
+            .collect();
+        (regions, nodes)
+    }
+
+    /// This list, bounded by `floors` while a membership change settles: every node's share
+    /// of every limit ([`split`](ReplicaSet::split), [`node_share`](ReplicaSet::node_share))
+    /// becomes the smallest of its share under this list and under each floor (0 under a
+    /// floor that does not hold it or holds it removed). Ids, regions, rings and the digest
+    /// stay this list's. Nodes are matched by id, so a floor need not share positions.
+    pub fn with_floors(&self, floors: &[ReplicaSet]) -> ReplicaSet {
+        let mut set = self.without_floors();
+        set.floors = floors
+            .iter()
+            .map(|f| Floor {
+                set: f.without_floors(),
+                position: self
+                    .nodes
+                    .iter()
+                    .map(|n| f.node_by_id(&n.id).map(|i| usize::from(i.0)))
+                    .collect(),
+            })
+            .collect();
+        for (i, share) in set.node_shares.iter_mut().enumerate() {
+            for f in &set.floors {
+                *share = share.min(f.position[i].map_or(0.0, |p| f.set.node_shares[p]));
+            }
+        }
+        for (r, region) in set.regions.iter().enumerate() {
+            set.region_shares[r] = region
+                .nodes
+                .iter()
+                .map(|n| set.node_shares[usize::from(n.0)])
+                .sum();
+        }
+        set
+    }
+
+    /// This list without floors.
+    pub fn without_floors(&self) -> ReplicaSet {
+        ReplicaSet::new(&self.specs().0, &self.specs().1)
+            .expect("a replica set's own specs make the same set")
+    }
+
+    /// Whether any floor bounds this list's shares ([`with_floors`](ReplicaSet::with_floors)).
+    pub fn is_bounded(&self) -> bool {
+        !self.floors.is_empty()
+    }
+
+    /// Checks that `next` may replace this list while the cluster runs: positions never
+    /// move, so every node of this list keeps its place, id and region in `next` (a removed
+    /// one stays removed), and new nodes come after them. The error names the entry.
+    pub fn check_successor(&self, next: &ReplicaSet) -> Result<(), ReplicaSetError> {
+        let refuse = |m: String| Err(ReplicaSetError::NotASuccessor(m));
+        for (i, old) in self.nodes.iter().enumerate() {
+            let Some(new) = next.nodes.get(i) else {
+                return refuse(format!(
+                    "cluster.node[{i}]: {:?} is missing from the new list: a node keeps its entry once listed (mark it `removed = true`; positions never move)",
+                    old.id
+                ));
+            };
+            if new.id != old.id {
+                return refuse(format!(
+                    "cluster.node[{i}]: was {:?}, is now {:?}: nodes keep their places (append new nodes at the end, mark removed ones `removed = true`)",
+                    old.id, new.id
+                ));
+            }
+            let (was, is) = (
+                &self.regions[old.region.0 as usize].name,
+                &next.regions[new.region.0 as usize].name,
+            );
+            if was != is {
+                return refuse(format!(
+                    "cluster.node[{i}].region: {:?} was in {was:?}, is now in {is:?}: a node cannot change regions (remove it and add a node with a new id)",
+                    old.id
+                ));
+            }
+            if old.given == REMOVED && new.given != REMOVED {
+                return refuse(format!(
+                    "cluster.node[{i}]: {:?} was removed and cannot come back (add it under a new id)",
+                    old.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of positions in the list, removed nodes included: every index below it names a
+    /// node. It only grows ([`check_successor`](ReplicaSet::check_successor)), so it serves as
+    /// the list's version.
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Whether the node was removed (a tombstone: no share, no keys, never dialled).
+    pub fn is_removed(&self, node: NodeIdx) -> bool {
+        self.nodes
+            .get(usize::from(node.0))
+            .is_none_or(|n| n.given == REMOVED)
     }
 
     /// Always false: a replica set has at least one node.
@@ -295,8 +431,13 @@ impl ReplicaSet {
         &self.regions[region.0 as usize].nodes
     }
 
-    /// Every node index.
-    pub fn nodes(&self) -> impl ExactSizeIterator<Item = NodeIdx> + '_ {
+    /// Every node that is not removed, in list order.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeIdx> + '_ {
+        self.positions().filter(|&n| !self.is_removed(n))
+    }
+
+    /// Every position, removed nodes included.
+    pub fn positions(&self) -> impl ExactSizeIterator<Item = NodeIdx> + '_ {
         (0..self.nodes.len()).map(|i| NodeIdx(i as u16))
     }
 
@@ -318,9 +459,22 @@ impl ReplicaSet {
     }
 
     /// Splits an integer `amount` among all nodes by weight so that the parts sum exactly to
-    /// `amount`, by the largest-remainder method with ties broken by node order. The result
-    /// is identical on every node holding the same list.
+    /// `amount`, by the largest-remainder method with ties broken by node order (a removed
+    /// node's part is 0). The result is identical on every node holding the same list. With
+    /// floors ([`with_floors`](ReplicaSet::with_floors)) each part is the smallest of this
+    /// list's and the floors' parts for the same node, so the parts sum to at most `amount`.
     pub fn split(&self, amount: u64) -> Vec<u64> {
+        let mut parts = self.own_split(amount);
+        for f in &self.floors {
+            let theirs = f.set.own_split(amount);
+            for (i, part) in parts.iter_mut().enumerate() {
+                *part = (*part).min(f.position[i].map_or(0, |p| theirs[p]));
+            }
+        }
+        parts
+    }
+
+    fn own_split(&self, amount: u64) -> Vec<u64> {
         let total = self.total_weight;
         let amount128 = u128::from(amount);
         let mut parts: Vec<u64> = Vec::with_capacity(self.nodes.len());
@@ -507,5 +661,91 @@ mod tests {
             ReplicaSet::single("n1", "eu").digest(),
             0x1257_4e2f_8ee3_a2f2
         );
+    }
+
+    fn list(nodes: &[(&str, &str, Option<u32>)]) -> ReplicaSet {
+        let regions = [("eu".to_owned(), 1), ("us".to_owned(), 1)];
+        let nodes: Vec<ReplicaSpec> = nodes
+            .iter()
+            .map(|(id, region, weight)| ReplicaSpec {
+                id: (*id).into(),
+                region: (*region).into(),
+                weight: *weight,
+            })
+            .collect();
+        ReplicaSet::new(&regions, &nodes).unwrap()
+    }
+
+    #[test]
+    fn a_removed_node_keeps_its_position_with_no_share_and_no_place_in_its_region() {
+        let set = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", None),
+            ("eu-2", "eu", REMOVED),
+        ]);
+        assert_eq!(set.len(), 3);
+        assert_eq!(set.split(100), vec![50, 50, 0]);
+        assert!(set.is_removed(NodeIdx(2)));
+        assert_eq!(set.nodes().collect::<Vec<_>>(), [NodeIdx(0), NodeIdx(1)]);
+        let eu = set.region_by_name("eu").unwrap();
+        assert_eq!(set.region_nodes(eu), [NodeIdx(0)]);
+        let (regions, specs) = set.specs();
+        assert_eq!(ReplicaSet::new(&regions, &specs).unwrap(), set);
+    }
+
+    #[test]
+    fn floors_bound_every_share_by_the_smallest_under_any_list() {
+        let old = list(&[("eu-1", "eu", None), ("us-1", "us", None)]);
+        let new = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", None),
+            ("eu-2", "eu", None),
+        ]);
+        let settling = new.with_floors(std::slice::from_ref(&old));
+        assert_eq!(old.split(100), vec![50, 50]);
+        assert_eq!(new.split(100), vec![25, 50, 25]);
+        assert_eq!(
+            settling.split(100),
+            vec![25, 50, 0],
+            "the new node starts at zero, the others at the smaller share"
+        );
+        assert!(settling.is_bounded());
+        assert_eq!(settling.digest(), new.digest());
+        assert_eq!(settling.without_floors(), new);
+        assert!((settling.node_share(NodeIdx(2))).abs() < 1e-12);
+        let back = old.with_floors(std::slice::from_ref(&new));
+        assert_eq!(back.split(100), vec![25, 50], "matched by id, not position");
+    }
+
+    #[test]
+    fn a_successor_keeps_every_position_and_a_removed_node_stays_removed() {
+        let old = list(&[("eu-1", "eu", None), ("us-1", "us", None)]);
+        let grown = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", Some(3)),
+            ("eu-2", "eu", None),
+        ]);
+        assert_eq!(old.check_successor(&grown), Ok(()));
+        let shrunk = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", Some(3)),
+            ("eu-2", "eu", REMOVED),
+        ]);
+        assert_eq!(grown.check_successor(&shrunk), Ok(()));
+        let refusal = |from: &ReplicaSet, to: &ReplicaSet| match from.check_successor(to) {
+            Err(ReplicaSetError::NotASuccessor(m)) => m,
+            other => panic!("refusal expected, got {other:?}"),
+        };
+        assert!(refusal(&grown, &old).contains("\"eu-2\" is missing"));
+        let swapped = list(&[("us-1", "us", None), ("eu-1", "eu", None)]);
+        assert!(refusal(&old, &swapped).starts_with("cluster.node[0]: was \"eu-1\""));
+        let revived = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", None),
+            ("eu-2", "eu", None),
+        ]);
+        assert!(refusal(&shrunk, &revived).contains("cannot come back"));
+        let moved = list(&[("eu-1", "us", None), ("us-1", "eu", None)]);
+        assert!(refusal(&old, &moved).contains("cannot change regions"));
     }
 }

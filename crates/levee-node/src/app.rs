@@ -49,6 +49,21 @@ pub struct ClusterStatus {
     pub peers: Vec<PeerStatus>,
     /// Every region.
     pub regions: Vec<RegionStatus>,
+    /// The node list this node runs, and whether every node of it runs it too.
+    pub membership: MembershipStatus,
+}
+
+/// `membership` in `/v1/cluster` (docs/membership.md).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MembershipStatus {
+    /// The list's version: its number of entries, removed nodes included (it grows with every
+    /// node added, and the list is only ever appended to).
+    pub version: usize,
+    /// The list's digest (hex), the same on every node that runs the same list.
+    pub digest: String,
+    /// Every node of the list (removed ones aside) has said it runs this list. Until then
+    /// every node's share of every limit is the smallest under the lists in play.
+    pub agreed: bool,
 }
 
 /// This node in `/v1/cluster`.
@@ -81,6 +96,10 @@ pub struct PeerStatus {
     pub lag_ms: Option<u64>,
     /// Keys of full states waiting to be sent to it (pulls, anti-entropy, catch-ups).
     pub backlog_keys: usize,
+    /// Its part in the node list: `joining` (it has not said it runs this node's list),
+    /// `active` (it runs it) or `gone` (removed from the list).
+    #[schema(value_type = String)]
+    pub state: &'static str,
 }
 
 /// A region in `/v1/cluster`.
@@ -192,7 +211,38 @@ impl App {
                     return Err(e);
                 }
                 let rules = new.rules.len();
-                self.limiter.replace_rules(&new);
+                match &self.replication {
+                    Some(repl) => {
+                        if let Err(e) =
+                            repl.apply_config(&self.limiter, &new, self.limiter.clock.now_ms())
+                        {
+                            // The refusal names its entry (`cluster.node[2]: …`): that is the field.
+                            let text = e.to_string();
+                            let (field, message) = match text.split_once(": ") {
+                                Some((f, m)) if f.starts_with("cluster.node") => (f, m),
+                                _ => ("cluster.node", text.as_str()),
+                            };
+                            let e = ConfigError {
+                                source_name: path.display().to_string(),
+                                line: None,
+                                field: field.into(),
+                                message: format!("{message}; the running configuration is kept"),
+                            };
+                            tracing::error!(trigger, error = %e, "configuration reload refused");
+                            crate::metrics::reload(false);
+                            return Err(e);
+                        }
+                    }
+                    None => self.limiter.replace_rules(&new, new.replicas.clone()),
+                }
+                if current.replicas.digest() != new.replicas.digest() {
+                    tracing::info!(
+                        trigger,
+                        nodes = new.replicas.nodes().count(),
+                        digest = format!("{:#018x}", new.replicas.digest()),
+                        "node list changed: its shares apply once every node runs it"
+                    );
+                }
                 self.config.store(Arc::new(new));
                 tracing::info!(trigger, rules, path = %path.display(), "configuration reloaded");
                 crate::metrics::reload(true);
@@ -236,29 +286,36 @@ impl App {
                 .collect(),
         };
         let peers = match (self.replication.as_ref(), &config.cluster) {
-            (Some(repl), Some(c)) => repl
-                .peers(self.limiter.clock.now_ms())
-                .into_iter()
-                .map(|p| {
-                    let id = repl.id_of(p.node).to_owned();
-                    let addr = c
-                        .nodes
-                        .iter()
-                        .find(|n| n.id == id)
-                        .map(|n| n.addr.to_string())
-                        .unwrap_or_default();
-                    PeerStatus {
-                        region: replicas.region_name(replicas.region_of(p.node)).to_owned(),
-                        id,
-                        addr,
-                        reachable: p.reachable,
-                        last_heard_ms: p.last_heard_ms_ago,
-                        lag_ms: p.ack_lag_ms,
-                        backlog_keys: p.backlog_keys,
-                    }
-                })
-                .collect(),
+            (Some(repl), Some(c)) => {
+                let (peers, list) = repl.peers(self.limiter.clock.now_ms());
+                peers
+                    .into_iter()
+                    .map(|p| {
+                        let id = repl.id_of(p.node).to_owned();
+                        let addr = c
+                            .nodes
+                            .iter()
+                            .find(|n| n.id == id)
+                            .map(|n| n.addr.to_string())
+                            .unwrap_or_default();
+                        PeerStatus {
+                            region: list.region_name(list.region_of(p.node)).to_owned(),
+                            id,
+                            addr,
+                            reachable: p.reachable,
+                            last_heard_ms: p.last_heard_ms_ago,
+                            lag_ms: p.ack_lag_ms,
+                            backlog_keys: p.backlog_keys,
+                            state: p.state.as_str(),
+                        }
+                    })
+                    .collect()
+            }
             _ => Vec::new(),
+        };
+        let (version, digest, agreed) = match self.replication.as_ref() {
+            Some(repl) => repl.membership(),
+            None => (replicas.len(), replicas.digest(), true),
         };
         ClusterStatus {
             node,
@@ -266,6 +323,11 @@ impl App {
             degraded: view.degraded(),
             peers,
             regions,
+            membership: MembershipStatus {
+                version,
+                digest: format!("{digest:016x}"),
+                agreed,
+            },
         }
     }
 
@@ -358,7 +420,7 @@ pub(crate) fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'
         limit: d.limit,
         remaining: d.remaining,
         reset_after_ms: d.reset_after_ms,
-        // An admitted decision's `retry_after_ms` carries its delay (`replication.rs`).
+        // An admitted decision's `retry_after_ms` carries its delay (`replication/forward.rs`).
         retry_after_ms: if d.would_allow { 0 } else { d.retry_after_ms },
         mode,
         degraded: d.degraded,
@@ -370,7 +432,8 @@ pub(crate) fn decision_of(d: ForwardDecision, limiter: &Limiter, req: CheckRef<'
     }
 }
 
-/// Which changed setting a reload cannot apply (addresses, identity, cluster membership).
+/// Which changed setting a reload cannot apply (addresses, identity, joining or leaving a
+/// cluster). The node list itself changes on reload (`Replication::apply_config`).
 fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     if old.node.http != new.node.http {
         return Some("node.http");
@@ -387,9 +450,7 @@ fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     if old.node.max_keys != new.node.max_keys {
         return Some("node.max_keys");
     }
-    if old.replicas.digest() != new.replicas.digest()
-        || old.cluster.is_some() != new.cluster.is_some()
-    {
+    if old.cluster.is_some() != new.cluster.is_some() {
         return Some("cluster");
     }
     None

@@ -63,6 +63,18 @@ pub enum LocalClusterError {
     /// The rules could not be written.
     #[error("rules: {0}")]
     Rules(String),
+    /// A node list names a node the layout does not have.
+    #[error("the node list names node {0}, the layout has {1}")]
+    List(usize, usize),
+}
+
+/// One entry of a node list ([`LocalCluster::write_list`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listed {
+    /// The node, by its index in [`LocalCluster::nodes`].
+    pub node: usize,
+    /// Marked `removed = true`.
+    pub removed: bool,
 }
 
 #[derive(Serialize)]
@@ -104,6 +116,27 @@ impl LocalCluster {
         dir: &Path,
         peer_addr: impl Fn(&LocalNode, &LocalNode) -> Option<SocketAddr>,
     ) -> Result<Vec<LocalNode>, LocalClusterError> {
+        let all: Vec<Listed> = (0..self.regions.len() * self.nodes_per_region)
+            .map(|node| Listed {
+                node,
+                removed: false,
+            })
+            .collect();
+        self.write_list(dir, peer_addr, &all)
+    }
+
+    /// [`LocalCluster::write`] with the node list `list` in every configuration, in that
+    /// order: the layout's nodes (by index in [`LocalCluster::nodes`]) that are members, a
+    /// removed one marked `removed = true`. Every node's file is written, members or not, so
+    /// that a node can be started, or reloaded, on it. Growing a running cluster is writing
+    /// a list that appends to the previous one, then reloading the members and starting the
+    /// new nodes (docs/membership.md).
+    pub fn write_list(
+        &self,
+        dir: &Path,
+        peer_addr: impl Fn(&LocalNode, &LocalNode) -> Option<SocketAddr>,
+        list: &[Listed],
+    ) -> Result<Vec<LocalNode>, LocalClusterError> {
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| LocalClusterError::Io { path, source }
@@ -143,11 +176,17 @@ impl LocalCluster {
                 cert = certs.join(format!("{}.pem", n.id)).display(),
                 key = certs.join(format!("{}.key", n.id)).display(),
             );
-            for other in &nodes {
+            for listed in list {
+                let Some(other) = nodes.get(listed.node) else {
+                    return Err(LocalClusterError::List(listed.node, nodes.len()));
+                };
                 let addr = peer_addr(n, other).unwrap_or(other.gossip);
                 text.push_str(&format!(
-                    "\n[[cluster.node]]\nid = \"{}\"\nregion = \"{}\"\naddr = \"{addr}\"\nhttp = \"{}\"\n",
-                    other.id, other.region, other.http
+                    "\n[[cluster.node]]\nid = \"{}\"\nregion = \"{}\"\naddr = \"{addr}\"\nhttp = \"{}\"\n{}",
+                    other.id,
+                    other.region,
+                    other.http,
+                    if listed.removed { "removed = true\n" } else { "" }
                 ));
             }
             text.push('\n');

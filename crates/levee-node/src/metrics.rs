@@ -82,6 +82,14 @@ fn describe() {
         "levee_region_reachable",
         "1 while the region is heard from within suspect_after (its own region included), 0 while decisions assume it cut off."
     );
+    describe_gauge!(
+        "levee_membership_agreed",
+        "1 while every node of this node's list says it runs the same list, 0 while a change of the node list settles (shares are then the smallest under the lists in play)."
+    );
+    describe_gauge!(
+        "levee_membership_version",
+        "Entries in this node's node list, removed nodes included: it grows with every node added."
+    );
     describe_counter!(
         "levee_keys_evicted_live_total",
         "Keys evicted that held something (every sampled key was live): max_keys is too small."

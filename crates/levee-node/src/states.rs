@@ -97,7 +97,7 @@ pub fn target_of<'r>(
     now: Millis,
 ) -> Option<Target<'r>> {
     let (rule, bucket, key) = decode_id(id)?;
-    let rule = &rules.by_name.get(rule)?.rule;
+    let rule = rules.by_name.get(rule)?.rule_at(now);
     let over = match overrides
         .effect(&rule.name, key, now)
         .or_else(|| rule.overrides.get(key))

@@ -294,4 +294,48 @@ pub enum Message {
         /// The XOR of every register's hash (`levee_cluster` computes it).
         hash: u64,
     },
+    /// The replica list the sender runs (its acknowledgement of that list), and the lists
+    /// that still bound its shares (live membership, docs/membership.md). Added at the end:
+    /// versions before it decode every other message as before, and refuse this one as
+    /// unknown (they count it and go on).
+    Membership {
+        /// The list the sender runs.
+        list: MemberList,
+        /// Until its list is agreed, the other lists that bound its shares (at most
+        /// [`MAX_FLOOR_LISTS`]; none once agreed): a node that starts while a change settles
+        /// bounds its shares by them too, so that it does not spend a share the running
+        /// nodes have not yet given up.
+        floors: Vec<MemberList>,
+    },
+}
+
+/// The most lists a [`Message::Membership`] carries as floors: a node refuses a change of
+/// its list while this many of its own are still not agreed, and passes on at most this many
+/// (its own first).
+pub const MAX_FLOOR_LISTS: usize = 8;
+
+/// Longest node id or region name in a [`MemberList`].
+pub const MAX_MEMBER_NAME_BYTES: usize = 128;
+
+/// A replica list as it travels: region weights and the nodes in order (a removed node with
+/// weight `Some(0)`), what `levee_core::ReplicaSet::specs` gives and `ReplicaSet::new` takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberList {
+    /// `(region, weight)`, sorted by name.
+    pub regions: Vec<(String, u32)>,
+    /// The nodes, in list order.
+    pub nodes: Vec<levee_core::ReplicaSpec>,
+}
+
+impl MemberList {
+    /// Whether it is within what a node ever sends: at most `levee_core::MAX_NODES` nodes and
+    /// `MAX_REGIONS` regions, names of at most [`MAX_MEMBER_NAME_BYTES`]. (Whether it is a
+    /// valid list is `ReplicaSet::new`'s to say.)
+    pub fn within_bounds(&self) -> bool {
+        let name = |s: &String| s.len() <= MAX_MEMBER_NAME_BYTES;
+        self.nodes.len() <= levee_core::MAX_NODES
+            && self.regions.len() <= levee_core::MAX_REGIONS
+            && self.regions.iter().all(|(r, _)| name(r))
+            && self.nodes.iter().all(|n| name(&n.id) && name(&n.region))
+    }
 }

@@ -110,8 +110,9 @@ pub struct TransportConfig {
     pub node_id: String,
     /// This node's TLS material.
     pub tls: TlsFiles,
-    /// The peers this node sends to. Incoming connections are accepted from any holder of a
-    /// cluster certificate, listed here or not.
+    /// The peers this node sends to at start ([`Transport::set_peers`](crate::Transport::set_peers)
+    /// changes them later). Incoming connections are accepted from any holder of a cluster
+    /// certificate, listed here or not.
     pub peers: Vec<PeerAddr>,
     /// What this node says first on every connection.
     pub hello: Hello,

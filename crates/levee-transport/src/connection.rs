@@ -1,12 +1,16 @@
 //! One authenticated QUIC connection: the `Hello` exchange, then every stream the peer opens.
 //!
 //! Both sides send their `Hello` on the first unidirectional stream they open. A connection
-//! is used only after the peer's `Hello` has been checked: same replica digest, and a node id
-//! the peer has proven — the name this node dialled (verified by TLS against the peer's
-//! certificate) or, for an incoming connection, a name in the client certificate the server
-//! verified. Bidirectional streams are not accepted before that, and unidirectional streams
-//! are accepted in the order the peer opened them, so nothing from an unchecked peer is
-//! delivered.
+//! is used only after the peer's `Hello` has been checked: a node id the peer has proven —
+//! the name this node dialled (verified by TLS against the peer's certificate) or, for an
+//! incoming connection, a name in the client certificate the server verified. Bidirectional
+//! streams are not accepted before that, and unidirectional streams are accepted in the order
+//! the peer opened them, so nothing from an unchecked peer is delivered.
+//!
+//! The peer's `replica_digest` is not checked: while the membership changes, nodes holding
+//! different replica lists must still talk. The digest reaches the application in the
+//! `Message::Hello` delivered first on every connection, and the application decides what a
+//! different list means.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +30,8 @@ use crate::shared::Shared;
 
 /// Application error code closing a connection when the endpoint shuts down.
 pub(crate) const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);
-/// Application error code closing a connection whose peer runs another replica list.
-pub(crate) const CLOSE_REPLICA_DIGEST: VarInt = VarInt::from_u32(1);
+// Application error code 1 closed a connection whose peer ran another replica list; it is no
+// longer sent (the digest is not checked) and stays reserved, never reused.
 /// Application error code closing a connection whose peer claims a node id it has not proven.
 pub(crate) const CLOSE_IDENTITY: VarInt = VarInt::from_u32(2);
 /// Application error code closing a connection whose peer did not open with a valid `Hello`.
@@ -189,14 +193,13 @@ fn check_hello(
     hello: &Hello,
 ) -> Result<(), Refusal> {
     if hello.replica_digest != shared.hello.replica_digest {
-        return Err(Refusal::Refused {
-            label: "replica_digest",
-            code: CLOSE_REPLICA_DIGEST,
-            reason: format!(
-                "peer {:?} runs replica list {:#018x}, this node {:#018x}",
-                hello.node, hello.replica_digest, shared.hello.replica_digest
-            ),
-        });
+        // Not a refusal: the application sees the digest in the peer's Hello.
+        debug!(
+            peer = %hello.node,
+            theirs = format_args!("{:#018x}", hello.replica_digest),
+            ours = format_args!("{:#018x}", shared.hello.replica_digest),
+            "the peer runs another replica list"
+        );
     }
     let identity = |reason: String| Refusal::Refused {
         label: "identity",

@@ -18,10 +18,17 @@
 //!   signed by the cluster CA, and nothing else is trusted. A node with any other
 //!   certificate fails the TLS handshake, in either direction, and nothing it sends is
 //!   delivered.
-//! - **Peers prove who they are and agree on the replica list.** Each side first sends its
-//!   [`levee_proto::Hello`]; the connection is used only if the peer's node id is the one its
-//!   certificate names (or the one dialled) and its `replica_digest` equals this node's.
-//!   Otherwise it is closed with an application error code, logged and counted.
+//! - **Peers prove who they are.** Each side first sends its [`levee_proto::Hello`]; the
+//!   connection is used only if the peer's node id is the one its certificate names (or the
+//!   one dialled). Otherwise it is closed with an application error code, logged and counted.
+//!   The peer's `replica_digest` is not checked — while the membership changes, nodes with
+//!   different replica lists must talk —: it reaches the application in the peer's
+//!   `Message::Hello`, the first message of every connection, and the application decides
+//!   what a different list means.
+//! - **The peers can change at run time.** [`Transport::set_peers`] replaces the list the
+//!   transport was started with: a new peer gets a link, a removed one (or one that moved to
+//!   another address) has its link stopped — queued frames dropped and counted, connection
+//!   closed, never dialled again.
 //! - **Untrusted bytes are bounded before they are decoded.** A frame's header is checked
 //!   (version, size) before its payload is read; the payload is read up to exactly the
 //!   announced length, within a per-connection budget, then decoded by the size-capped
@@ -36,10 +43,11 @@
 //!   peer is heard again (its inbound connection completes its `Hello`, or a frame of its
 //!   arrives): then the link dials at once, replacing a dial that has not got through.
 //!
-//! Application error codes a peer may see: on a connection close, `0` shutdown, `1` replica
-//! digest mismatch, `2` identity not proven by the certificate, `3` no valid `Hello`, `4`
-//! closed to redial ([`Transport::reconnect`]); on a
-//! stream, `1` frame refused, `2` request not answered.
+//! Application error codes a peer may see: on a connection close, `0` shutdown, `2`
+//! identity not proven by the certificate, `3` no valid `Hello`, `4` closed to redial
+//! ([`Transport::reconnect`]), `5` no longer a peer at this address
+//! ([`Transport::set_peers`]); `1` (replica digest mismatch) is no longer sent by this
+//! version and stays reserved; on a stream, `1` frame refused, `2` request not answered.
 //!
 //! [`certs`] makes a development CA and node certificates; [`tls`] builds the QUIC TLS
 //! configurations from PEM files.
@@ -53,7 +61,7 @@
 //! |---|---|---|
 //! | `peer_transport.rs` | [`PeerTransport`], [`Inbound`]: what a node needs from a transport | — |
 //! | `memory.rs` | [`MemoryNetwork`], [`MemoryTransport`]: the in-process network with faults | `peer_transport` |
-//! | `quic.rs` | [`Transport`]: one node's QUIC endpoint, a link per configured peer, the accept loop; its `PeerTransport` impl | `config`, `error`, `shared`, `connection`, `link`, `metrics`, `tls`, `peer_transport` |
+//! | `quic.rs` | [`Transport`]: one node's QUIC endpoint, a link per peer (changed by [`Transport::set_peers`]), the accept loop; its `PeerTransport` impl | `config`, `error`, `shared`, `connection`, `link`, `metrics`, `tls`, `peer_transport` |
 //! | `link.rs` | the way to one peer: dialling, backoff, the send queue and its writer task | `config`, `error`, `shared`, `connection`, `frame_io`, `metrics` |
 //! | `connection.rs` | one authenticated connection: the `Hello` exchange, then the streams the peer opens | `shared`, `frame_io`, `metrics`, `tls`, `peer_transport` |
 //! | `shared.rs` | what an endpoint's connections and links share; the `HeardListener` a link registers there | `peer_transport` |

@@ -19,13 +19,18 @@
 //! once per signal. There is never more than one dial in flight per peer (the state lock is
 //! held across it). What waits is visible: `levee_transport_queue_frames{peer}` and
 //! `levee_transport_queue_bytes{peer}`.
+//!
+//! A link lives as long as its peer is one of the transport's peers at its address: when
+//! [`Transport::set_peers`](crate::Transport::set_peers) removes the peer or moves it, the
+//! link is [stopped](PeerLink::stop) — its task ends, its queued frames are dropped and
+//! counted, its connection is closed, and it never dials again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use quinn::SendStream;
-use tokio::sync::{Mutex, Notify, mpsc};
+use tokio::sync::{Mutex, Notify, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -42,6 +47,9 @@ pub(crate) const SEND_QUEUE_FRAMES: usize = 1024;
 pub(crate) const SEND_QUEUE_BYTES: usize = 16 << 20;
 /// Application error code closing a connection to redial it.
 const RECONNECT: quinn::VarInt = quinn::VarInt::from_u32(4);
+/// Application error code closing the connection of a link that was stopped: its peer is no
+/// longer one of this node's peers, or is now dialled at another address.
+const CLOSE_STOPPED: quinn::VarInt = quinn::VarInt::from_u32(5);
 /// Youngest a dial may be, beyond three round trips to the peer (as measured on the
 /// connection the peer was heard on), when a sign of life from the peer replaces it with a
 /// new one: the bound on how often the peer's frames can make this link redial (at most ten
@@ -66,6 +74,8 @@ pub(crate) struct PeerLink {
     heard_rtt_us: AtomicU64,
     timing: DialTiming,
     shared: Arc<Shared>,
+    /// Set by [`PeerLink::stop`]: the link's task ends and the link dials no more.
+    stopped: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -77,7 +87,8 @@ struct LinkState {
 }
 
 impl PeerLink {
-    /// Creates the link and spawns its sending task, which ends when the transport shuts down.
+    /// Creates the link and spawns its sending task, which ends when the transport shuts down
+    /// or the link is [stopped](PeerLink::stop).
     pub(crate) fn start(
         shared: Arc<Shared>,
         id: String,
@@ -95,6 +106,7 @@ impl PeerLink {
             heard_rtt_us: AtomicU64::new(0),
             timing,
             shared,
+            stopped: watch::Sender::new(false),
         });
         tokio::spawn(link.clone().run(frames));
         link
@@ -117,12 +129,29 @@ impl PeerLink {
                     mpsc::error::TrySendError::Full(_) => {
                         metrics::frame_dropped(&self.id, "queue_full")
                     }
+                    mpsc::error::TrySendError::Closed(_) if *self.stopped.borrow() => {
+                        metrics::frame_dropped(&self.id, "unknown_peer")
+                    }
                     mpsc::error::TrySendError::Closed(_) => {
                         metrics::frame_dropped(&self.id, "shutdown")
                     }
                 }
             }
         }
+    }
+
+    /// Where this link dials its peer.
+    pub(crate) fn addr(&self) -> &DialAddr {
+        &self.addr
+    }
+
+    /// Stops the link, whose peer is no longer one of this node's peers (or is to be dialled
+    /// at another address, by a new link): its task ends — a dial under way is abandoned, the
+    /// connection, if any, is closed, and the frames still queued are dropped and counted
+    /// (`unknown_peer`, as are frames enqueued later) — and it never dials again. Returns at
+    /// once; idempotent.
+    pub(crate) fn stop(&self) {
+        self.stopped.send_replace(true);
     }
 
     fn report_queue(&self) {
@@ -180,8 +209,19 @@ impl PeerLink {
         }
     }
 
+    /// The link's task: writes the queued frames, and dials at once when the peer is heard
+    /// while the link is down, until the transport shuts down or the link is stopped.
     async fn run(self: Arc<Self>, mut frames: mpsc::Receiver<Vec<u8>>) {
-        let mut shutdown = self.shared.shutdown.clone();
+        tokio::select! {
+            () = self.send_queued(&mut frames) => {}
+            () = self.ended() => {}
+        }
+        if *self.stopped.borrow() {
+            self.wind_down(frames).await;
+        }
+    }
+
+    async fn send_queued(&self, frames: &mut mpsc::Receiver<Vec<u8>>) {
         let mut stream: Option<(usize, SendStream)> = None;
         loop {
             let frame = tokio::select! {
@@ -190,25 +230,45 @@ impl PeerLink {
                     None => return,
                 },
                 () = self.heard.notified() => None,
-                _ = shutdown.wait_for(|down| *down) => return,
             };
             let Some(frame) = frame else {
                 // The peer is back while this link is down: end the backoff and dial now
                 // rather than at the first frame after the backoff.
                 self.state.lock().await.retry_at = None;
-                tokio::select! {
-                    _ = self.connection() => {}
-                    _ = shutdown.wait_for(|down| *down) => return,
-                }
+                let _ = self.connection().await;
                 continue;
             };
             self.queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
             self.report_queue();
-            tokio::select! {
-                () = self.write(&mut stream, frame) => {}
-                _ = shutdown.wait_for(|down| *down) => return,
-            }
+            self.write(&mut stream, frame).await;
         }
+    }
+
+    /// Resolves once the transport shuts down or the link is stopped.
+    async fn ended(&self) {
+        let mut shutdown = self.shared.shutdown.clone();
+        let mut stopped = self.stopped.subscribe();
+        tokio::select! {
+            _ = shutdown.wait_for(|down| *down) => {}
+            _ = stopped.wait_for(|stopped| *stopped) => {}
+        }
+    }
+
+    /// After [`stop`](PeerLink::stop): drops and counts the frames still queued, and closes the
+    /// connection (after a dial that a request has under way ends, so that its connection is
+    /// closed too; a later dial is refused by [`connection`](PeerLink::connection)).
+    async fn wind_down(&self, mut frames: mpsc::Receiver<Vec<u8>>) {
+        frames.close();
+        while let Ok(frame) = frames.try_recv() {
+            self.queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
+            metrics::frame_dropped(&self.id, "unknown_peer");
+        }
+        self.report_queue();
+        if let Some(pc) = self.state.lock().await.conn.take() {
+            pc.conn
+                .close(CLOSE_STOPPED, b"no longer a peer at this address");
+        }
+        debug!(peer = %self.id, addr = %self.addr, "link stopped");
     }
 
     /// Writes one frame on the connection's stream, opening both if needed.
@@ -263,6 +323,9 @@ impl PeerLink {
         }
         if *self.shared.shutdown.borrow() {
             return Err(TransportError::ShutDown);
+        }
+        if *self.stopped.borrow() {
+            return Err(TransportError::UnknownPeer(self.id.clone()));
         }
         let timeout = self.timing.connect_timeout;
         let ipv6 = self.shared.endpoint.local_addr().is_ok_and(|a| a.is_ipv6());

@@ -29,14 +29,16 @@ pub(crate) fn frame_refused(peer: &str, kind: &'static str) {
 }
 
 /// A frame for `peer` was dropped without being sent (`reason`: `unreachable`, `queue_full`,
-/// `unknown_peer`, `stream`, `encode`, `shutdown`).
+/// `unknown_peer`, `stream`, `encode`, `shutdown`). `unknown_peer` also counts, under the
+/// peer's id, the frames still queued to a peer when it is removed from the peers.
 pub(crate) fn frame_dropped(peer: &str, reason: &'static str) {
     counter!("levee_transport_frames_dropped_total", "peer" => peer.to_owned(), "reason" => reason)
         .increment(1);
 }
 
-/// A connection was closed during the `Hello` exchange (`reason`: `replica_digest`,
-/// `identity`, `protocol`).
+/// A connection was closed during the `Hello` exchange (`reason`: `identity`, `protocol`).
+/// The label value `replica_digest` (a peer with another replica list) is no longer used: such
+/// a peer is accepted, and its digest delivered to the application in its `Hello`.
 pub(crate) fn hello_refused(reason: &'static str) {
     counter!("levee_transport_hello_refused_total", "reason" => reason).increment(1);
 }

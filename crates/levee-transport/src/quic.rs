@@ -1,16 +1,18 @@
-//! The QUIC transport: [`Transport`], one node's endpoint, with a link per configured peer
-//! and a task accepting the peers' connections.
+//! The QUIC transport: [`Transport`], one node's endpoint, with a link per peer (the peers
+//! it was started with, then as [`Transport::set_peers`] changes them) and a task accepting
+//! the peers' connections.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, Weak};
 use std::time::Duration;
 
 use levee_proto::{Message, encode_frame};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use crate::config::{DialTiming, TransportConfig};
+use crate::config::{DialAddr, DialTiming, PeerAddr, TransportConfig};
 use crate::connection::{self, CLOSE_SHUTDOWN};
 use crate::error::TransportError;
 use crate::link::PeerLink;
@@ -35,7 +37,11 @@ pub struct Transport {
 
 struct Inner {
     shared: Arc<Shared>,
-    links: HashMap<String, Arc<PeerLink>>,
+    /// The link to each peer, by node id. Read on every send; written only by
+    /// [`Transport::set_peers`], which also keeps `shared`'s listeners in step with it.
+    links: RwLock<HashMap<String, Arc<PeerLink>>>,
+    /// How every link dials, those started by [`Transport::set_peers`] included.
+    timing: DialTiming,
     local_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
 }
@@ -51,9 +57,9 @@ impl Transport {
     /// Binds the endpoint and starts accepting connections. Peers are dialled lazily, on the
     /// first [`send`](Transport::send) or [`request`](Transport::request) to them.
     ///
-    /// Every message received from an authenticated peer whose replica digest matches goes to
-    /// the returned channel — first that peer's [`Message::Hello`], once per connection, so
-    /// the application sees restarts (a new `incarnation`).
+    /// Every message received from an authenticated peer goes to the returned channel —
+    /// first that peer's [`Message::Hello`], once per connection, so the application sees
+    /// restarts (a new `incarnation`) and the peer's `replica_digest`, whatever it is.
     pub async fn start(
         cfg: TransportConfig,
     ) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
@@ -109,19 +115,13 @@ impl Transport {
             let link = PeerLink::start(shared.clone(), peer.id.clone(), peer.addr.clone(), timing);
             links.insert(peer.id, link);
         }
-        let listeners = links
-            .iter()
-            .map(|(id, link)| {
-                let link: Arc<dyn HeardListener> = link.clone();
-                (id.clone(), Arc::downgrade(&link))
-            })
-            .collect();
-        shared.set_listeners(listeners);
+        shared.set_listeners(listeners(&links));
         tokio::spawn(accept_loop(shared.clone()));
         debug!(node = %cfg.node_id, %local_addr, "transport started");
         let inner = Inner {
             shared,
-            links,
+            links: RwLock::new(links),
+            timing,
             local_addr,
             shutdown: shutdown_tx,
         };
@@ -140,11 +140,18 @@ impl Transport {
     /// at most once; frames to one peer arrive in the order sent while its connection lasts
     /// (they share one stream), and a frame lost with a connection is not resent.
     pub fn send(&self, peer: &str, msg: &Message) {
+        let link = self.inner.link(peer);
         if *self.inner.shutdown.borrow() {
-            metrics::frame_dropped(peer_label(&self.inner.links, peer), "shutdown");
+            // `peer` is a bounded label value only if it is one of the peers.
+            let label = if link.is_some() {
+                peer
+            } else {
+                metrics::UNKNOWN_PEER
+            };
+            metrics::frame_dropped(label, "shutdown");
             return;
         }
-        let Some(link) = self.inner.links.get(peer) else {
+        let Some(link) = link else {
             metrics::frame_dropped(metrics::UNKNOWN_PEER, "unknown_peer");
             debug!(peer, "dropped a frame for an unknown peer");
             return;
@@ -171,8 +178,7 @@ impl Transport {
         }
         let link = self
             .inner
-            .links
-            .get(peer)
+            .link(peer)
             .ok_or_else(|| TransportError::UnknownPeer(peer.to_owned()))?;
         let frame = encode_frame(msg)?;
         tokio::time::timeout(timeout, link.request(&frame))
@@ -190,8 +196,72 @@ impl Transport {
     /// the connection may be gone (a link cut one way outlived its idle timeout) while ours
     /// still receives its keep-alives. Does nothing while a dial to it is under way.
     pub fn reconnect(&self, peer: &str) {
-        if let Some(link) = self.inner.links.get(peer) {
+        if let Some(link) = self.inner.link(peer) {
             link.reconnect();
+        }
+    }
+
+    /// Makes this node's peers exactly `peers`, for a cluster whose membership changes at
+    /// run time. An entry naming this node itself is ignored; of several entries with one id,
+    /// the last counts.
+    ///
+    /// - A new peer gets a link, dialled lazily like those made at start, with the same
+    ///   [`DialTiming`].
+    /// - A peer no longer listed loses its link: the frames queued for it are dropped and
+    ///   counted (`unknown_peer`), the connection this node dialled to it is closed
+    ///   (application error code `5`), it is never dialled again, and from now on `send` to it
+    ///   drops as for any unknown peer and `request` fails with
+    ///   [`TransportError::UnknownPeer`]. A request already under way ends as it would have.
+    /// - A peer whose `addr` changed gets a new link to the new address, replacing the old
+    ///   one (which is dropped as above: its queued frames are lost, not moved).
+    /// - A peer listed with the same address keeps its link, connection and queue untouched.
+    ///
+    /// Incoming connections do not depend on the list: any holder of a cluster certificate
+    /// may connect, listed or not. Does nothing once the transport is shut down.
+    pub fn set_peers(&self, peers: Vec<PeerAddr>) {
+        if *self.inner.shutdown.borrow() {
+            return;
+        }
+        let own = &self.inner.shared.hello.node;
+        let wanted: HashMap<String, DialAddr> = peers
+            .into_iter()
+            .filter(|peer| peer.id != *own)
+            .map(|peer| (peer.id, peer.addr))
+            .collect();
+        let mut stopped = Vec::new();
+        {
+            let mut links = self
+                .inner
+                .links
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            links.retain(|id, link| {
+                let keep = wanted.get(id) == Some(link.addr());
+                if !keep {
+                    stopped.push((id.clone(), link.clone()));
+                }
+                keep
+            });
+            for (id, addr) in wanted {
+                // Links kept above are at the same address: only the new ones are started.
+                if let Entry::Vacant(slot) = links.entry(id) {
+                    info!(peer = %slot.key(), %addr, "peer added");
+                    let id = slot.key().clone();
+                    slot.insert(PeerLink::start(
+                        self.inner.shared.clone(),
+                        id,
+                        addr,
+                        self.inner.timing,
+                    ));
+                }
+            }
+            // Under the write lock, so that two concurrent calls leave links and listeners
+            // alike.
+            self.inner.shared.set_listeners(listeners(&links));
+        }
+        for (id, link) in stopped {
+            info!(peer = %id, addr = %link.addr(), "peer link dropped");
+            link.stop();
         }
     }
 
@@ -233,18 +303,31 @@ impl std::fmt::Debug for Transport {
         f.debug_struct("Transport")
             .field("node", &self.inner.shared.hello.node)
             .field("local_addr", &self.inner.local_addr)
-            .field("peers", &self.inner.links.keys().collect::<Vec<_>>())
+            .field("peers", &self.inner.links().keys().collect::<Vec<_>>())
             .finish()
     }
 }
 
-/// `peer` if it is a configured peer (a bounded label value), else `unknown`.
-fn peer_label<'a>(links: &HashMap<String, Arc<PeerLink>>, peer: &'a str) -> &'a str {
-    if links.contains_key(peer) {
-        peer
-    } else {
-        metrics::UNKNOWN_PEER
+impl Inner {
+    fn links(&self) -> RwLockReadGuard<'_, HashMap<String, Arc<PeerLink>>> {
+        self.links.read().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The link to `peer`, if it is one of the peers; the lock is held only to clone it.
+    fn link(&self, peer: &str) -> Option<Arc<PeerLink>> {
+        self.links().get(peer).cloned()
+    }
+}
+
+/// Who to tell when each peer is heard from: its link.
+fn listeners(links: &HashMap<String, Arc<PeerLink>>) -> HashMap<String, Weak<dyn HeardListener>> {
+    links
+        .iter()
+        .map(|(id, link)| {
+            let link: Arc<dyn HeardListener> = link.clone();
+            (id.clone(), Arc::downgrade(&link))
+        })
+        .collect()
 }
 
 async fn accept_loop(shared: Arc<Shared>) {

@@ -3,12 +3,12 @@
 //! a peer is heard from.
 //!
 //! A link must learn that its peer was heard on a connection the link did not dial (see
-//! [`HeardListener`]). Links are registered here as listeners behind that trait, so that
-//! this module, and the connections that call [`Shared::heard`], do not depend on the link
-//! module, which depends on them.
+//! [`HeardListener`]). Links are registered here as listeners behind that trait (registered
+//! anew whenever the peers change), so that this module, and the connections that call
+//! [`Shared::heard`], do not depend on the link module, which depends on them.
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, Weak};
+use std::sync::{PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use levee_proto::Hello;
@@ -30,9 +30,9 @@ pub(crate) struct Shared {
     pub(crate) hello_frame: Vec<u8>,
     inbound: mpsc::Sender<Inbound>,
     pub(crate) shutdown: watch::Receiver<bool>,
-    /// Per peer id, who to tell that the peer was heard (weak: the links hold `Shared`). Set
-    /// once, after the links are made.
-    listeners: OnceLock<HashMap<String, Weak<dyn HeardListener>>>,
+    /// Per peer id, who to tell that the peer was heard (weak: the links hold `Shared`).
+    /// Replaced whenever the peers change (see [`Shared::set_listeners`]).
+    listeners: RwLock<HashMap<String, Weak<dyn HeardListener>>>,
 }
 
 impl Shared {
@@ -50,13 +50,17 @@ impl Shared {
             hello_frame,
             inbound,
             shutdown,
-            listeners: OnceLock::new(),
+            listeners: RwLock::new(HashMap::new()),
         }
     }
 
-    /// Registers who to tell when each peer is heard from; only the first call counts.
+    /// Registers who to tell when each peer is heard from, replacing the previous listeners:
+    /// a peer not in `listeners` is no longer told about.
     pub(crate) fn set_listeners(&self, listeners: HashMap<String, Weak<dyn HeardListener>>) {
-        let _ = self.listeners.set(listeners);
+        *self
+            .listeners
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = listeners;
     }
 
     /// Hands a message to the application; `false` if the transport is shutting down or the
@@ -73,9 +77,14 @@ impl Shared {
     /// of its arrived, on a connection whose round trip is estimated at `rtt`. Its link, if it
     /// is down, dials at once (see [`HeardListener`]).
     pub(crate) fn heard(&self, peer: &str, rtt: Duration) {
-        if let Some(listener) = self.listeners.get().and_then(|l| l.get(peer))
-            && let Some(listener) = listener.upgrade()
-        {
+        // Upgraded under the read lock, told after it is released.
+        let listener = self
+            .listeners
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(peer)
+            .and_then(Weak::upgrade);
+        if let Some(listener) = listener {
             listener.heard(rtt);
         }
     }

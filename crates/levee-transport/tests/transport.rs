@@ -109,6 +109,17 @@ async fn assert_nothing_delivered(rx: &mut Receiver<Inbound>) {
     }
 }
 
+/// Asserts that nothing but `Hello`s (a connection opening, such as a peer dialling back
+/// once it heard this node) reaches `rx` for [`QUIET_WAIT`].
+async fn assert_no_data_delivered(rx: &mut Receiver<Inbound>) {
+    if let Ok(inbound) = timeout(QUIET_WAIT, next_data(rx)).await {
+        panic!(
+            "expected no data, got {:?} from {:?}",
+            inbound.msg, inbound.peer
+        );
+    }
+}
+
 /// The counters the transports of one test emitted, summed over every snapshot taken (a
 /// snapshot of the debugging recorder drains its counters).
 struct Counters {
@@ -459,8 +470,11 @@ async fn refused_frames_are_counted_and_the_peer_stays_up() {
     .expect("test finished in time");
 }
 
+/// With live membership nodes holding different replica lists must talk during a change:
+/// a peer with another digest is accepted both ways, and each side's `Hello`, with its
+/// digest, reaches the other's application, which decides what a different list means.
 #[tokio::test]
-async fn a_peer_with_another_replica_list_is_refused() {
+async fn a_peer_with_another_replica_list_is_accepted_and_its_digest_delivered() {
     let recorder = DebuggingRecorder::new();
     let mut counters = Counters::new(&recorder);
     let _local = metrics::set_default_local_recorder(&recorder);
@@ -478,17 +492,57 @@ async fn a_peer_with_another_replica_list_is_refused() {
         .await;
 
         b.send("a", &deltas());
-        let dialled = b.request("a", &deltas(), REQUEST_TIMEOUT).await;
-        assert!(dialled.is_err(), "{dialled:?}");
-        counters
-            .reach(
-                "levee_transport_hello_refused_total",
-                &[("reason", "replica_digest")],
-                1,
+        // The connection `b` dialled opens with `b`'s Hello, carrying `b`'s digest.
+        let hello = a_rx.recv().await.unwrap();
+        assert_eq!(
+            (hello.peer.as_str(), hello.msg),
+            (
+                "b",
+                Message::Hello(Hello {
+                    node: "b".into(),
+                    replica_digest: DIGEST + 1,
+                    incarnation: 1,
+                })
             )
-            .await;
-        assert_nothing_delivered(&mut a_rx).await;
-        assert_nothing_delivered(&mut b_rx).await;
+        );
+        let got = next_data(&mut a_rx).await;
+        assert_eq!((got.peer.as_str(), got.msg), ("b", deltas()));
+        // ... and `b` got `a`'s, with `a`'s digest.
+        let hello = b_rx.recv().await.unwrap();
+        assert_eq!(
+            (hello.peer.as_str(), hello.msg),
+            (
+                "a",
+                Message::Hello(Hello {
+                    node: "a".into(),
+                    replica_digest: DIGEST,
+                    incarnation: 1,
+                })
+            )
+        );
+
+        // Requests are answered across the two lists too.
+        let answerer = tokio::spawn(async move {
+            let req = next_data(&mut a_rx).await;
+            assert_eq!((req.peer.as_str(), &req.msg), ("b", &Message::PullRequest));
+            req.reply
+                .expect("a request carries a reply channel")
+                .send(deltas())
+                .unwrap();
+            a_rx
+        });
+        assert_eq!(
+            b.request("a", &Message::PullRequest, REQUEST_TIMEOUT)
+                .await
+                .unwrap(),
+            deltas()
+        );
+        answerer.await.unwrap();
+        assert_eq!(
+            counters.get("levee_transport_hello_refused_total", &[]),
+            0,
+            "no Hello refused"
+        );
 
         a.shutdown().await;
         b.shutdown().await;
@@ -644,6 +698,43 @@ async fn frames_to_one_peer_arrive_whole_and_in_the_order_sent() {
     .expect("test finished in time");
 }
 
+/// Starts node `a` (certificates in `dir`) with peer `b` at `b_addr`, where nothing answers,
+/// dialling with a 300 ms timeout and a minute of backoff; sends `b` a frame and waits for
+/// the failed dial: `a`'s next dial is then due long after any test's bound.
+async fn start_backing_off(
+    dir: &Path,
+    b_addr: SocketAddr,
+    counters: &mut Counters,
+) -> (Transport, tokio::sync::mpsc::Receiver<Inbound>) {
+    let (a, a_rx) = Transport::start_with_dial_timing(
+        config(
+            "a",
+            TlsFiles::in_dir(dir, "a"),
+            DIGEST,
+            vec![PeerAddr {
+                id: "b".into(),
+                addr: b_addr.into(),
+            }],
+        ),
+        DialTiming {
+            connect_timeout: Duration::from_millis(300),
+            backoff_min: Duration::from_secs(60),
+            backoff_max: Duration::from_secs(60),
+        },
+    )
+    .await
+    .unwrap();
+    a.send("b", &deltas());
+    counters
+        .reach(
+            "levee_transport_connect_failures_total",
+            &[("peer", "b")],
+            1,
+        )
+        .await;
+    (a, a_rx)
+}
+
 #[tokio::test]
 async fn a_link_backing_off_redials_as_soon_as_its_peer_connects_to_it() {
     let recorder = DebuggingRecorder::new();
@@ -657,32 +748,7 @@ async fn a_link_backing_off_redials_as_soon_as_its_peer_connects_to_it() {
         // dial is due only a minute later, long after this test's bound.
         let hole = std::net::UdpSocket::bind(localhost()).unwrap();
         let b_bind = hole.local_addr().unwrap();
-        let (a, _a_rx) = Transport::start_with_dial_timing(
-            config(
-                "a",
-                TlsFiles::in_dir(dir.path(), "a"),
-                DIGEST,
-                vec![PeerAddr {
-                    id: "b".into(),
-                    addr: b_bind.into(),
-                }],
-            ),
-            DialTiming {
-                connect_timeout: Duration::from_millis(300),
-                backoff_min: Duration::from_secs(60),
-                backoff_max: Duration::from_secs(60),
-            },
-        )
-        .await
-        .unwrap();
-        a.send("b", &deltas());
-        counters
-            .reach(
-                "levee_transport_connect_failures_total",
-                &[("peer", "b")],
-                1,
-            )
-            .await;
+        let (a, _a_rx) = start_backing_off(dir.path(), b_bind, &mut counters).await;
 
         // `b` comes up at that address and dials `a`: `a` hears it and dials back at once.
         drop(hole);
@@ -716,4 +782,120 @@ async fn a_link_backing_off_redials_as_soon_as_its_peer_connects_to_it() {
     })
     .await
     .expect("test finished in time: the link redialled its peer once heard from it");
+}
+
+/// `set_peers` changes whom a node sends to: a peer added is dialled and reached, a peer
+/// removed is unknown again (its frames dropped and counted, its requests refused).
+#[tokio::test]
+async fn set_peers_adds_and_removes_the_peers_a_node_sends_to() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let unknown = [("peer", "unknown"), ("reason", "unknown_peer")];
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        let (a, _a_rx) = start("a", TlsFiles::in_dir(dir.path(), "a"), DIGEST, vec![]).await;
+        let (b, mut b_rx) = start(
+            "b",
+            TlsFiles::in_dir(dir.path(), "b"),
+            DIGEST,
+            vec![peer("a", &a)],
+        )
+        .await;
+
+        // `b` is not one of `a`'s peers: the frame is dropped.
+        a.send("b", &deltas());
+        counters
+            .reach("levee_transport_frames_dropped_total", &unknown, 1)
+            .await;
+        assert!(matches!(
+            a.request("b", &Message::PullRequest, REQUEST_TIMEOUT).await,
+            Err(TransportError::UnknownPeer(_))
+        ));
+        assert_nothing_delivered(&mut b_rx).await;
+
+        // Now it is (`a` itself in the list is ignored).
+        a.set_peers(vec![peer("b", &b), peer("a", &a)]);
+        a.send("b", &deltas());
+        let got = next_data(&mut b_rx).await;
+        assert_eq!((got.peer.as_str(), got.msg), ("a", deltas()));
+
+        // And no longer is.
+        a.set_peers(vec![]);
+        a.send("b", &deltas());
+        counters
+            .reach("levee_transport_frames_dropped_total", &unknown, 2)
+            .await;
+        assert!(matches!(
+            a.request("b", &Message::PullRequest, REQUEST_TIMEOUT).await,
+            Err(TransportError::UnknownPeer(_))
+        ));
+        // (`b`, having heard `a`, dialled it back: that connection's Hello may still come.)
+        assert_no_data_delivered(&mut b_rx).await;
+        assert_eq!(
+            counters.get(
+                "levee_transport_connections_total",
+                &[("peer", "b"), ("direction", "outbound")]
+            ),
+            1,
+            "`a` dialled `b` once, while `b` was its peer"
+        );
+
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A peer given a new address by `set_peers` gets a new link, dialled at once: the old one,
+/// backing off after failing at the old address, is dropped with its backoff.
+#[tokio::test]
+async fn set_peers_dials_a_moved_peer_at_its_new_address() {
+    let recorder = DebuggingRecorder::new();
+    let mut counters = Counters::new(&recorder);
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    timeout(TEST_BOUND, async {
+        // `b`'s first address is a socket that reads nothing: `a`'s dial fails, and its next
+        // dial would be due only a minute later, long after this test's bound.
+        let hole = std::net::UdpSocket::bind(localhost()).unwrap();
+        let (a, _a_rx) =
+            start_backing_off(dir.path(), hole.local_addr().unwrap(), &mut counters).await;
+
+        // `b` is elsewhere, and does not dial `a` (it has no peers): only the new link can
+        // reach it, and at once.
+        let (b, mut b_rx) = start("b", TlsFiles::in_dir(dir.path(), "b"), DIGEST, vec![]).await;
+        a.set_peers(vec![peer("b", &b)]);
+        a.send("b", &deltas());
+        let got = next_data(&mut b_rx).await;
+        assert_eq!((got.peer.as_str(), got.msg), ("a", deltas()));
+        assert_eq!(
+            counters.get("levee_transport_connect_failures_total", &[("peer", "b")]),
+            1
+        );
+
+        // The same list again changes nothing: the link and its connection stay.
+        a.set_peers(vec![peer("b", &b)]);
+        a.send("b", &deltas());
+        let got = next_data(&mut b_rx).await;
+        assert_eq!((got.peer.as_str(), got.msg), ("a", deltas()));
+        assert_eq!(
+            counters.get(
+                "levee_transport_connections_total",
+                &[("peer", "b"), ("direction", "outbound")]
+            ),
+            1
+        );
+
+        a.shutdown().await;
+        b.shutdown().await;
+        drop(hole);
+    })
+    .await
+    .expect("test finished in time");
 }

@@ -84,6 +84,18 @@ impl Cluster {
         }
         self.anti_entropy(&peers, now, store);
         self.gossip_overrides(now, store);
+        if now >= self.next_membership {
+            // Tell every peer the list again now and then: every anti-entropy interval while
+            // the change settles (a list sent to a peer that was not listening yet is not
+            // resent otherwise), and every ten once it has (a lost message must not leave a
+            // peer bounding its shares by lists this node no longer runs).
+            let settling = !self.lists.agreed() || !self.lists.settled();
+            let every = if settling { 1 } else { 10 };
+            self.next_membership = now + every * self.cfg.anti_entropy_interval;
+            for &p in &peers {
+                self.send_list(p, now);
+            }
+        }
     }
 
     /// Moves spare rights of the keys used or merged since the last interval

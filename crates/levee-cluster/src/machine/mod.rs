@@ -3,11 +3,12 @@
 
 use std::collections::VecDeque;
 
-use levee_core::{ClusterView, Millis, NodeIdx, ReplicaSet};
-use levee_proto::{ForwardCheck, ForwardDecision, Message};
+use levee_core::{ClusterView, Millis, NodeIdx, ReplicaSet, ReplicaSetError};
+use levee_proto::{ForwardCheck, ForwardDecision, MAX_FLOOR_LISTS, MemberList, Message};
 
 use crate::event::{Event, ForwardId};
 use crate::forward::PendingForwards;
+use crate::lists::{Lists, PeerState};
 use crate::membership::{Change, Membership};
 use crate::peer::{Outgoing, PeerLink};
 use crate::recent::RecentlySent;
@@ -33,7 +34,7 @@ pub const MAX_REPAIR_BUCKETS: usize = 16;
 pub struct ClusterConfig {
     /// This node.
     pub me: NodeIdx,
-    /// The agreed replica set.
+    /// The replica list this node starts with (its configuration's).
     pub replicas: ReplicaSet,
     /// How often deltas are sent.
     pub gossip_interval: Millis,
@@ -64,11 +65,17 @@ pub struct PeerStatus {
     pub ack_lag_ms: Option<Millis>,
     /// Keys of full states (pulls, anti-entropy, catch-ups) waiting to be sent to it.
     pub backlog_keys: usize,
+    /// Its part in a membership change.
+    pub state: PeerState,
 }
 
 /// The replication state machine of one node.
 pub struct Cluster {
+    /// `cfg.replicas` is the list decisions spend by: [`Lists::spending`].
     cfg: ClusterConfig,
+    lists: Lists,
+    /// While the list is not agreed, when this node next tells every peer the list it runs.
+    next_membership: Millis,
     membership: Membership,
     rings: Rings,
     /// The rings of every node, reachable or not: a key's owner when every node is up.
@@ -99,11 +106,14 @@ impl Cluster {
     /// A node that just started: it asks every peer for their full state.
     pub fn new(cfg: ClusterConfig, now: Millis) -> Cluster {
         let membership = Membership::new(&cfg.replicas, cfg.me, cfg.suspect_after);
+        let lists = Lists::new(cfg.replicas.clone(), cfg.me);
         let me = cfg.me;
         let rings = Rings::new(&cfg.replicas, |n| n == me);
         let full_rings = Rings::new(&cfg.replicas, |_| true);
         let n = cfg.replicas.len();
         let mut c = Cluster {
+            lists,
+            next_membership: now + cfg.anti_entropy_interval,
             membership,
             rings,
             full_rings,
@@ -129,6 +139,7 @@ impl Cluster {
         }
         for peer in c.peers() {
             c.send(peer, Message::PullRequest, now);
+            c.send_list(peer, now);
         }
         c.reported_view = c.view();
         c.events.push_back(Event::ViewChanged(c.reported_view));
@@ -140,9 +151,101 @@ impl Cluster {
         self.cfg.me
     }
 
-    /// The replica set.
+    /// The list decisions spend by: this node's list, bounded while a membership change
+    /// settles ([`Lists::spending`]).
     pub fn replicas(&self) -> &ReplicaSet {
         &self.cfg.replicas
+    }
+
+    /// The list decisions spend by (the same as [`Cluster::replicas`], owned).
+    pub fn spending(&self) -> ReplicaSet {
+        self.cfg.replicas.clone()
+    }
+
+    /// The lists in play: this node's, whether it is agreed, each peer's part.
+    pub fn lists(&self) -> &Lists {
+        &self.lists
+    }
+
+    /// This node's list changes to `next` (a reload): refused, with nothing changed, unless
+    /// every position of the current list keeps its node ([`Lists::change`]). The new list's
+    /// shares apply once every live node of it says it runs it; until then each share is the
+    /// smaller of the old and the new. New peers start unreachable; every peer is told.
+    pub fn change_list(&mut self, next: ReplicaSet, now: Millis) -> Result<(), ReplicaSetError> {
+        let before = self.lists.current().digest();
+        self.lists.change(next)?;
+        if self.lists.current().digest() == before {
+            return Ok(());
+        }
+        let n = self.lists.current().len();
+        self.membership.grow(n);
+        self.peer.resize(n, crate::peer::PeerLink::default());
+        self.cfg.replicas = self.lists.spending();
+        let m = &self.membership;
+        self.rings = Rings::new(&self.cfg.replicas, |p| m.is_reachable(p));
+        self.full_rings = Rings::new(&self.cfg.replicas, |_| true);
+        for peer in self.peers() {
+            self.send_list(peer, now);
+        }
+        self.next_membership = now + self.cfg.anti_entropy_interval;
+        self.events.push_back(Event::SharesChanged);
+        self.report_view();
+        Ok(())
+    }
+
+    /// Tells `peer` the list this node runs, and the lists that still bound its shares.
+    fn send_list(&mut self, peer: NodeIdx, now: Millis) {
+        let spec = |l: &ReplicaSet| {
+            let (regions, nodes) = l.specs();
+            MemberList { regions, nodes }
+        };
+        let list = spec(self.lists.current());
+        let floors = self
+            .lists
+            .floors_to_send(MAX_FLOOR_LISTS)
+            .iter()
+            .map(spec)
+            .collect();
+        self.send(peer, Message::Membership { list, floors }, now);
+    }
+
+    /// `from` says it runs `list`, bounded by `floors`: the shares spent may change.
+    fn list_reported(
+        &mut self,
+        from: NodeIdx,
+        list: &MemberList,
+        floors: &[MemberList],
+        now: Millis,
+    ) {
+        let set = |l: &MemberList| {
+            l.within_bounds()
+                .then(|| ReplicaSet::new(&l.regions, &l.nodes).ok())
+                .flatten()
+        };
+        let (Some(set), Some(floors)) = (
+            set(list),
+            (floors.len() <= MAX_FLOOR_LISTS)
+                .then(|| floors.iter().map(set).collect::<Option<Vec<_>>>())
+                .flatten(),
+        ) else {
+            self.refused += 1;
+            return;
+        };
+        let unsettled = !self.lists.settled();
+        if self.lists.reported(from, set, floors) {
+            if unsettled && self.lists.settled() {
+                // Agreed: the lists this node ran before no longer bound its shares. Its
+                // peers bound theirs by them too (they came as floors): tell them.
+                for peer in self.peers() {
+                    self.send_list(peer, now);
+                }
+            }
+            let spending = self.lists.spending();
+            if spending != self.cfg.replicas {
+                self.cfg.replicas = spending;
+                self.events.push_back(Event::SharesChanged);
+            }
+        }
     }
 
     fn peers(&self) -> Vec<NodeIdx> {
@@ -242,10 +345,12 @@ impl Cluster {
         self.rights_given
     }
 
-    /// Every peer's status.
+    /// Every peer's status, removed ones included (their `state` is `Gone`).
     pub fn peers_status(&self, now: Millis) -> Vec<PeerStatus> {
-        self.peers()
-            .into_iter()
+        self.cfg
+            .replicas
+            .positions()
+            .filter(|&n| n != self.cfg.me)
             .map(|node| {
                 let p = &self.peer[usize::from(node.0)];
                 PeerStatus {
@@ -257,6 +362,7 @@ impl Cluster {
                         .map(|t| now.saturating_sub(t)),
                     ack_lag_ms: (p.acked_ms > 0).then(|| now.saturating_sub(p.acked_ms)),
                     backlog_keys: p.backlog_keys(),
+                    state: self.lists.state(node),
                 }
             })
             .collect()

@@ -57,11 +57,14 @@ impl Cluster {
             self.catch_up(from, prev, true, now, store);
         }
         if up.is_some() {
-            // Heard again (or for the first time): it may have missed any override.
+            // Heard again (or for the first time): it may have missed any override, and the
+            // list this node runs.
             self.push_all_overrides(from, now, store);
+            self.send_list(from, now);
         }
         match msg {
             Message::Hello(_) => {}
+            Message::Membership { list, floors } => self.list_reported(from, &list, &floors, now),
             Message::Deltas(batch) => self.merge_batch(&batch, now, store),
             // A recovering node sends what it has but cannot vouch that it is complete.
             Message::PullRequest if self.synced => {

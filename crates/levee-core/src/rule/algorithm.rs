@@ -123,6 +123,28 @@ impl Algorithm {
         }
     }
 
+    /// When a node's share of this limit may grow after a change of the node list made at
+    /// `now` (docs/membership.md): once nothing admitted or handed over under the shares
+    /// before the change counts against the same limit as what the grown share admits. For a
+    /// window or period, the one after the next: rights for the next one may already have
+    /// been handed over, under the old shares, during this one (the escrow gives ahead by
+    /// one epoch). For a sliding log, a whole window later; for a token bucket, once an
+    /// emptied bucket would have refilled. (A share that shrinks applies at once.)
+    pub fn shares_may_grow_at(&self, now: Millis) -> Millis {
+        match *self {
+            Algorithm::TokenBucket {
+                rate,
+                per_ms,
+                burst,
+                ..
+            } => now.saturating_add(per_ms.saturating_mul(burst.div_ceil(rate.max(1)))),
+            Algorithm::SlidingLog { window_ms, .. } => now.saturating_add(window_ms),
+            Algorithm::FixedWindow { .. }
+            | Algorithm::SlidingWindow { .. }
+            | Algorithm::Quota { .. } => self.epoch_end(self.epoch(now).saturating_add(1)),
+        }
+    }
+
     /// End (exclusive) of an epoch in ms.
     #[inline]
     pub fn epoch_end(&self, epoch: u64) -> Millis {

@@ -2,6 +2,7 @@
 //! and bound to the replica set, so the decision path reads every figure it needs from it.
 
 use crate::replica::{NodeIdx, ReplicaSet};
+use crate::time::Millis;
 
 use super::algorithm::Algorithm;
 use super::validate::Rule;
@@ -186,6 +187,41 @@ impl Rule {
                 .map(|own| replicas.split(own.capacity()))
                 .unwrap_or_default();
         }
+    }
+
+    /// [`Rule::bind`], with no node's part of any capacity above what this rule (bound
+    /// before) gives it: a share that grows waits (see [`Algorithm::shares_may_grow_at`] and
+    /// docs/membership.md). Returns when the rule bound to `replicas` as it is may apply, or
+    /// `None` if no part was held down (or the rule was not bound before).
+    pub fn bind_no_higher(&mut self, replicas: &ReplicaSet, now: Millis) -> Option<Millis> {
+        let before_main = std::mem::take(&mut self.split);
+        let before_classes: Vec<Vec<u64>> = self
+            .classes
+            .iter_mut()
+            .map(|c| std::mem::take(&mut c.split))
+            .collect();
+        self.bind(replicas);
+        let mut grows_at: Option<Millis> = None;
+        let mut cap = |split: &mut Vec<u64>, before: &[u64], algorithm: &Algorithm| {
+            if before.is_empty() {
+                return;
+            }
+            for (i, part) in split.iter_mut().enumerate() {
+                let was = before.get(i).copied().unwrap_or(0);
+                if *part > was {
+                    *part = was;
+                    let at = algorithm.shares_may_grow_at(now);
+                    grows_at = Some(grows_at.map_or(at, |g| g.max(at)));
+                }
+            }
+        };
+        let algorithm = self.algorithm;
+        cap(&mut self.split, &before_main, &algorithm);
+        for (c, before) in self.classes.iter_mut().zip(&before_classes) {
+            let own = c.own.unwrap_or(algorithm);
+            cap(&mut c.split, before, &own);
+        }
+        grows_at
     }
 
     fn bound(&self) -> Option<&[u64]> {

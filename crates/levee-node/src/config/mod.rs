@@ -215,13 +215,27 @@ impl Config {
                     .iter()
                     .map(|(k, v)| (k.clone(), *v))
                     .collect();
+                if let Some(n) = cluster.nodes.iter().find(|n| n.weight == Some(0)) {
+                    return Err(err(
+                        line_of_key("weight"),
+                        "cluster.node.weight",
+                        format!(
+                            "node {:?}: weight must be an integer from 1 to 1000000 (to remove a node, set `removed = true`)",
+                            n.id
+                        ),
+                    ));
+                }
                 let specs: Vec<ReplicaSpec> = cluster
                     .nodes
                     .iter()
                     .map(|n| ReplicaSpec {
                         id: n.id.clone(),
                         region: n.region.clone(),
-                        weight: n.weight,
+                        weight: if n.removed {
+                            levee_core::REMOVED
+                        } else {
+                            n.weight
+                        },
                     })
                     .collect();
                 let set = ReplicaSet::new(&regions, &specs)
@@ -233,6 +247,16 @@ impl Config {
                         format!("{:?} is not in the cluster.node list", node.id),
                     ));
                 };
+                if set.is_removed(me) {
+                    return Err(err(
+                        line_of_key("removed"),
+                        "cluster.node.removed",
+                        format!(
+                            "this node ({:?}) is marked removed: a removed node does not run",
+                            node.id
+                        ),
+                    ));
+                }
                 if set.region_name(set.region_of(me)) != node.region {
                     return Err(err(
                         line_of_key("region"),

@@ -130,6 +130,10 @@ pub struct ClusterNode {
     /// Its weight inside its region (default: the region's weight split evenly).
     #[serde(default)]
     pub weight: Option<u32>,
+    /// The node was removed from the cluster: its entry stays (positions in the list never
+    /// move) with no share, no keys, and no link (docs/membership.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// Whether `s` is `host:port` (a name or an address, a port from 1; IPv6 in brackets), with

@@ -346,13 +346,15 @@ mod tests {
         l.put_override("w", "k", OverrideValue::Limit(5), None)
             .expect("put");
         let bucket = "[node]\nid = \"n1\"\n\n[[rule]]\nname = \"w\"\nalgorithm = \"token_bucket\"\nrate = 1\nper = \"1h\"\nburst = 2\n";
-        l.replace_rules(&Config::parse(bucket, "t.toml").expect("valid"));
+        let config = Config::parse(bucket, "t.toml").expect("valid");
+        l.replace_rules(&config, config.replicas.clone());
         assert_eq!(l.list_overrides("w").expect("listed").len(), 1);
         let o = l.check(check("w", "k")).expect("decided");
         assert_eq!(o.decision.limit, 2, "the rule's own figures");
         // Back to a window: it applies again.
         let window = "[node]\nid = \"n1\"\n\n[[rule]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\n";
-        l.replace_rules(&Config::parse(window, "t.toml").expect("valid"));
+        let config = Config::parse(window, "t.toml").expect("valid");
+        l.replace_rules(&config, config.replicas.clone());
         assert_eq!(l.check(check("w", "k")).expect("decided").decision.limit, 5);
     }
 

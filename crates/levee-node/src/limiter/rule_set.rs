@@ -22,6 +22,21 @@ pub struct RuleEntry {
     pub rule: Rule,
     /// Its counters.
     pub metrics: RuleMetrics,
+    /// After a change of the node list, the rule bound to the new list and when it applies:
+    /// until then `rule` holds every node's share at most where it was (a share that grows
+    /// waits for the next window, docs/membership.md).
+    pub later: Option<(Millis, Rule)>,
+}
+
+impl RuleEntry {
+    /// The rule as bound at `now` (see [`RuleEntry::later`]): what shares decide.
+    #[inline]
+    pub fn rule_at(&self, now: Millis) -> &Rule {
+        match &self.later {
+            Some((at, rule)) if now >= *at => rule,
+            _ => &self.rule,
+        }
+    }
 }
 
 /// The rules in force, swapped whole on reload.
@@ -46,6 +61,7 @@ impl RuleSet {
                 Arc::new(RuleEntry {
                     rule: r.clone(),
                     metrics: RuleMetrics::new(&r.name),
+                    later: None,
                 })
             })
             .collect();
@@ -62,6 +78,66 @@ impl RuleSet {
             ordered,
             replicas: config.replicas.clone(),
             me,
+        }
+    }
+
+    /// These rules bound to `replicas` (the list decisions spend by; see
+    /// `levee_cluster::Lists::spending`) at `now`, the shares they held so far as the bound:
+    /// a node's share of a limit that shrinks does at once, one that grows waits until
+    /// nothing admitted under the old shares counts against the same window
+    /// ([`levee_core::Algorithm::shares_may_grow_at`]). Without that wait, a node that spent
+    /// its old, larger share early in a window and a node whose share grew later in it
+    /// would together admit more than the limit in that window.
+    pub fn rebound(&self, previous: &RuleSet, replicas: ReplicaSet, now: Millis) -> RuleSet {
+        // Only a change of the list moves shares between nodes; a rule's own figures changed
+        // on reload change every node's share alike, and apply at once as before.
+        // (A reload while shares still wait keeps them waiting.)
+        let list_changed = previous.replicas != replicas
+            || previous
+                .ordered
+                .iter()
+                .any(|e| e.later.as_ref().is_some_and(|(at, _)| now < *at));
+        let ordered: Vec<Arc<RuleEntry>> = self
+            .ordered
+            .iter()
+            .map(|e| {
+                let mut rule = e.rule.clone();
+                let old = previous.by_name.get(&rule.name).map(|o| o.rule_at(now));
+                let later = match old {
+                    Some(old)
+                        if list_changed
+                            && same_basis(old, &rule)
+                            && old.classes.len() == rule.classes.len() =>
+                    {
+                        let mut bound = rule.clone();
+                        bound.bind(&replicas);
+                        rule.split.clone_from(&old.split);
+                        for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
+                            c.split.clone_from(&was.split);
+                        }
+                        rule.bind_no_higher(&replicas, now).map(|at| (at, bound))
+                    }
+                    _ => {
+                        rule.bind(&replicas);
+                        None
+                    }
+                };
+                Arc::new(RuleEntry {
+                    rule,
+                    metrics: e.metrics.clone(),
+                    later,
+                })
+            })
+            .collect();
+        let by_name = ordered
+            .iter()
+            .map(|e| (e.rule.name.clone(), Arc::clone(e)))
+            .collect();
+        RuleSet {
+            by_name,
+            ordered,
+            replicas,
+            me: self.me,
         }
     }
 
@@ -121,7 +197,7 @@ impl RuleSet {
             None => (None, None),
         };
         let target = entry
-            .rule
+            .rule_at(now)
             .target_with(class, cost, over)
             .map_err(|e| ApiError::invalid(format!("{field}{}: {e}", e.field())))?;
         Ok(Resolved {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use levee_core::{ClusterView, DecideCtx, Decision, KeyState, RuleMode};
+use levee_core::{ClusterView, DecideCtx, Decision, KeyState, ReplicaSet, RuleMode};
 
 use super::clock::Clock;
 use super::idempotency::{IdempotencyCache, idempotency_cache};
@@ -77,9 +77,9 @@ impl Limiter {
     /// algorithm, time base (window, period, refill period) or classes changed, are dropped:
     /// their counts mean nothing under the new rule. A changed limit, burst or rate keeps the
     /// counts, so raising a limit does not reset every tenant.
-    pub fn replace_rules(&self, config: &Config) {
-        let new = RuleSet::from_config(config);
+    pub fn replace_rules(&self, config: &Config, spending: ReplicaSet) {
         let old = self.rules.load_full();
+        let new = RuleSet::from_config(config).rebound(&old, spending, self.clock.now_ms());
         let keep: HashMap<&str, bool> = new
             .by_name
             .iter()
@@ -98,6 +98,18 @@ impl Limiter {
         self.rules.store(Arc::new(new));
         self.rebind_overrides(config.node.max_overrides);
         self.notices.reconfigure(config);
+    }
+
+    /// Binds the rules in force to `spending`, the list decisions spend by while a
+    /// membership change settles (`levee_cluster::Lists::spending`); counts are kept.
+    pub fn rebind(&self, spending: ReplicaSet) {
+        let current = self.rules.load_full();
+        if current.replicas == spending {
+            return;
+        }
+        let now = self.clock.now_ms();
+        self.rules
+            .store(Arc::new(current.rebound(&current, spending, now)));
     }
 
     /// Threshold notices: the sender task takes their queue.

@@ -25,13 +25,16 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::config::Config;
-use crate::limiter::{CheckRef, Limiter};
+use crate::limiter::Limiter;
 use crate::states::{NodeDigest, NodeStates};
+
+mod forward;
+
+pub use forward::decide_forwarded;
+use forward::{Job, forward_loop};
 
 /// How long a forwarded batch may take before the forwarder decides alone.
 const FORWARD_TIMEOUT_MAX: Millis = 500;
-/// Most checks in one forwarded batch: what the receiving owner accepts.
-const FORWARD_BATCH: usize = levee_proto::MAX_FORWARD_CHECKS;
 // Peers refuse key identities longer than the wire's bound: this node never makes one.
 const _: () = assert!(crate::limiter::MAX_KEY_BYTES <= levee_proto::MAX_KEY_BYTES);
 /// How often a node sends one peer an anti-entropy digest.
@@ -56,13 +59,6 @@ pub trait ClusterHost: Send + Sync + 'static {
     fn synced(&self);
 }
 
-struct Job {
-    check: ForwardCheck,
-    /// When it was asked (the node's clock).
-    now: Millis,
-    reply: oneshot::Sender<Option<ForwardDecision>>,
-}
-
 type Answer = Option<Vec<Option<ForwardDecision>>>;
 
 /// The running cluster side of a node.
@@ -71,9 +67,14 @@ pub struct Replication {
     /// The store's anti-entropy digest; locked only while `cluster` is.
     digest: Mutex<NodeDigest>,
     transport: Transport,
-    ids: Vec<String>,
+    /// Node ids by position (removed nodes included); grows when the list does.
+    ids: parking_lot::RwLock<Vec<String>>,
     me: NodeIdx,
-    forwarders: Vec<Option<mpsc::Sender<Job>>>,
+    /// By position: the queue of checks to forward to a region-mate.
+    forwarders: parking_lot::RwLock<Vec<Option<mpsc::Sender<Job>>>>,
+    /// Held while the rules are bound to the list decisions spend by (see
+    /// `Event::SharesChanged` in `dispatch`, and [`Replication::apply_config`]).
+    shares_order: Mutex<()>,
     /// Forwarded batches waiting for the machine's answer; filled while `cluster` is locked.
     waiting: Mutex<HashMap<ForwardId, oneshot::Sender<Answer>>>,
     /// Held while the limiter's view is set (see `Event::ViewChanged` in `dispatch`).
@@ -121,18 +122,10 @@ impl Replication {
         let replicas = config.replicas.clone();
         let me = replicas.node_by_id(&config.node.id).unwrap_or(NodeIdx(0));
         let ids: Vec<String> = replicas
-            .nodes()
+            .positions()
             .map(|n| replicas.node_id(n).to_owned())
             .collect();
-        let peers = cluster_cfg
-            .nodes
-            .iter()
-            .filter(|n| n.id != config.node.id)
-            .map(|n| PeerAddr {
-                id: n.id.clone(),
-                addr: n.addr.clone(),
-            })
-            .collect();
+        let peers = peer_addrs(config);
         let transport_cfg = TransportConfig {
             bind: gossip,
             node_id: config.node.id.clone(),
@@ -162,25 +155,14 @@ impl Replication {
             },
             now,
         );
-        let mut forwarders = Vec::with_capacity(ids.len());
-        let mut receivers = Vec::new();
-        let my_region = replicas.region_of(me);
-        for n in replicas.nodes() {
-            if n != me && replicas.region_of(n) == my_region {
-                let (tx, rx) = mpsc::channel(4096);
-                forwarders.push(Some(tx));
-                receivers.push((n, rx));
-            } else {
-                forwarders.push(None);
-            }
-        }
         let repl = Arc::new(Replication {
             cluster: Mutex::new(state),
             digest: Mutex::new(NodeDigest::default()),
             transport,
-            ids,
+            ids: parking_lot::RwLock::new(ids),
             me,
-            forwarders,
+            forwarders: parking_lot::RwLock::new(Vec::new()),
+            shares_order: Mutex::new(()),
             waiting: Mutex::new(HashMap::new()),
             view_order: Mutex::new(()),
             timer_at: AtomicU64::new(0),
@@ -190,10 +172,69 @@ impl Replication {
             deciding: AtomicUsize::new(0),
             stopped: watch::channel(false).0,
         });
-        for (owner, rx) in receivers {
-            tokio::spawn(forward_loop(Arc::clone(&repl), owner, rx));
-        }
+        repl.start_forwarders(&replicas);
         Ok((repl, inbound))
+    }
+
+    /// Starts a forwarder for every region-mate of `replicas` that has none yet.
+    fn start_forwarders(self: &Arc<Self>, replicas: &levee_core::ReplicaSet) {
+        let mut forwarders = self.forwarders.write();
+        forwarders.resize_with(replicas.len(), || None);
+        let my_region = replicas.region_of(self.me);
+        for n in replicas.nodes() {
+            let slot = &mut forwarders[usize::from(n.0)];
+            if n != self.me && replicas.region_of(n) == my_region && slot.is_none() {
+                let (tx, rx) = mpsc::channel(4096);
+                *slot = Some(tx);
+                tokio::spawn(forward_loop(Arc::clone(self), n, rx));
+            }
+        }
+    }
+
+    /// Applies a reloaded configuration: its node list ([`Cluster::change_list`]: refused,
+    /// with nothing changed, if it moves a position; its shares apply once every node runs
+    /// it), new peers' links and forwarders, and its rules, bound to the list decisions spend
+    /// by. Rules and list change together, so no decision sees new rules under shares that
+    /// are not yet agreed.
+    pub fn apply_config(
+        self: &Arc<Self>,
+        limiter: &Limiter,
+        config: &Config,
+        now: Millis,
+    ) -> Result<(), levee_core::ReplicaSetError> {
+        let _order = self.shares_order.lock();
+        let (out, events, spending, view) = {
+            let mut c = self.cluster.lock();
+            c.change_list(config.replicas.clone(), now)?;
+            let (out, events) = drain(&mut c);
+            (out, events, c.spending(), c.view())
+        };
+        {
+            let mut ids = self.ids.write();
+            for n in spending.positions().skip(ids.len()) {
+                ids.push(spending.node_id(n).to_owned());
+            }
+        }
+        self.start_forwarders(&spending);
+        self.transport.set_peers(peer_addrs(config));
+        limiter.replace_rules(config, spending);
+        if events.iter().any(|e| matches!(e, Event::ViewChanged(_))) {
+            let _view = self.view_order.lock();
+            limiter.set_view(view);
+        }
+        self.send_all(out);
+        Ok(())
+    }
+
+    /// Whether this node's list is agreed, with its version (positions) and digest.
+    pub fn membership(&self) -> (usize, u64, bool) {
+        let c = self.cluster.lock();
+        let lists = c.lists();
+        (
+            lists.current().len(),
+            lists.current().digest(),
+            lists.agreed(),
+        )
     }
 
     /// Starts the timer and the inbound loop for the node `host`; they run until
@@ -223,14 +264,19 @@ impl Replication {
         self.cluster.lock().is_synced()
     }
 
-    /// The peers' status for `/v1/cluster`.
-    pub fn peers(&self, now: Millis) -> Vec<levee_cluster::PeerStatus> {
-        self.cluster.lock().peers_status(now)
+    /// The peers' status for `/v1/cluster`, with the list they are positions of.
+    pub fn peers(&self, now: Millis) -> (Vec<levee_cluster::PeerStatus>, levee_core::ReplicaSet) {
+        let c = self.cluster.lock();
+        (c.peers_status(now), c.lists().current().clone())
     }
 
     /// A node's id.
-    pub fn id_of(&self, n: NodeIdx) -> &str {
-        &self.ids[usize::from(n.0)]
+    pub fn id_of(&self, n: NodeIdx) -> String {
+        self.ids
+            .read()
+            .get(usize::from(n.0))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Forwards a check, asked at `now`, to its owner; `None` when the owner could not
@@ -254,7 +300,8 @@ impl Replication {
         check: ForwardCheck,
         now: Millis,
     ) -> Option<oneshot::Receiver<Option<ForwardDecision>>> {
-        let tx = self.forwarders.get(usize::from(owner.0))?.as_ref()?;
+        let forwarders = self.forwarders.read();
+        let tx = forwarders.get(usize::from(owner.0))?.as_ref()?;
         metrics::counter!("levee_forwarded_checks_total").increment(1);
         let (reply, rx) = oneshot::channel();
         tx.try_send(Job { check, now, reply }).ok()?;
@@ -262,8 +309,14 @@ impl Replication {
     }
 
     fn send_all(&self, out: Vec<Outgoing>) {
+        if out.is_empty() {
+            return;
+        }
+        let ids = self.ids.read();
         for o in out {
-            self.transport.send(&self.ids[usize::from(o.to.0)], &o.msg);
+            if let Some(id) = ids.get(usize::from(o.to.0)) {
+                self.transport.send(id, &o.msg);
+            }
         }
     }
 
@@ -288,6 +341,13 @@ impl Replication {
                         );
                     }
                     host.limiter().set_view(view);
+                }
+                Event::SharesChanged => {
+                    // As for the view: the machine's current list, read and bound in one
+                    // ordered step.
+                    let _order = self.shares_order.lock();
+                    let spending = self.cluster.lock().spending();
+                    host.limiter().rebind(spending);
                 }
                 Event::Synced => host.synced(),
                 Event::PeerUp(n) => tracing::info!(peer = %self.id_of(n), "peer reachable"),
@@ -398,44 +458,20 @@ impl Replication {
     }
 }
 
-/// Decides a check forwarded by a region-mate, as the key's owner; `alone` when this node
-/// owns the key only because its owner is unreachable (as in [`Limiter::check_with`]).
-/// `None` if it cannot be decided here (the forwarder then decides alone).
-pub fn decide_forwarded(
-    limiter: &Limiter,
-    c: &ForwardCheck,
-    alone: bool,
-) -> Option<ForwardDecision> {
-    let req = CheckRef {
-        rule: &c.rule,
-        key: &c.key,
-        cost: c.cost,
-        class: c.class.as_deref(),
-        idempotency_key: c.idempotency_key.as_deref(),
-        dry_run: c.dry_run,
-    };
-    let out = if c.refund {
-        limiter.refund_with(req, alone)
-    } else {
-        limiter.check_with(req, alone)
-    }
-    .ok()?;
-    let d = out.decision;
-    Some(ForwardDecision {
-        allowed: d.allowed,
-        would_allow: d.would_allow,
-        limit: d.limit,
-        remaining: d.remaining,
-        reset_after_ms: d.reset_after_ms,
-        // An admitted decision has no retry-after: the field carries a leaky bucket's delay
-        // instead (levee_proto::ForwardDecision), so the wire format stays as it is.
-        retry_after_ms: if d.would_allow {
-            d.delay_ms
-        } else {
-            d.retry_after_ms
-        },
-        degraded: d.degraded,
-    })
+/// The peers a configuration lists: every node but this one. Removed nodes keep a link,
+/// which dials only when something is sent: nothing but this node's list, when a removed
+/// node is heard (one frozen when it was removed and thawed since learns it has no share).
+fn peer_addrs(config: &Config) -> Vec<PeerAddr> {
+    config
+        .cluster
+        .iter()
+        .flat_map(|c| &c.nodes)
+        .filter(|n| n.id != config.node.id)
+        .map(|n| PeerAddr {
+            id: n.id.clone(),
+            addr: n.addr.clone(),
+        })
+        .collect()
 }
 
 /// What the machine queued: messages to send and events to act on.
@@ -446,40 +482,6 @@ fn drain(cluster: &mut Cluster) -> (Vec<Outgoing>, Vec<Event>) {
     )
 }
 
-/// Sends batches of checks to one owner through the machine, one batch in flight at a time.
-async fn forward_loop(repl: Arc<Replication>, owner: NodeIdx, mut rx: mpsc::Receiver<Job>) {
-    while let Some(first) = rx.recv().await {
-        let mut jobs = vec![first];
-        while jobs.len() < FORWARD_BATCH {
-            match rx.try_recv() {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
-            }
-        }
-        let checks: Vec<ForwardCheck> = jobs.iter().map(|j| j.check.clone()).collect();
-        let (tx, answer) = oneshot::channel();
-        let (out, deadline) = {
-            let mut c = repl.cluster.lock();
-            let now = jobs.iter().map(|j| j.now).max().unwrap_or(0);
-            let id = c.forward(owner, checks, now);
-            repl.waiting.lock().insert(id, tx);
-            let out: Vec<Outgoing> = std::iter::from_fn(|| c.poll_transmit()).collect();
-            (out, c.poll_timeout())
-        };
-        repl.send_all(out);
-        if deadline < repl.timer_at.load(Ordering::Acquire) {
-            repl.wake_timer.notify_one();
-        }
-        let decisions = match answer.await {
-            Ok(Some(d)) => d,
-            _ => vec![None; jobs.len()],
-        };
-        for (job, d) in jobs.into_iter().zip(decisions) {
-            let _ = job.reply.send(d);
-        }
-    }
-}
-
 /// Drives the machine's timers: wakes when [`Cluster::poll_timeout`] says, until `stop`.
 async fn run_timer<H: ClusterHost>(
     host: Arc<H>,
@@ -487,7 +489,7 @@ async fn run_timer<H: ClusterHost>(
     mut stop: watch::Receiver<bool>,
 ) {
     let suspect_after = repl.suspect_after;
-    let mut redialled: Vec<Millis> = vec![0; repl.ids.len()];
+    let mut redialled: Vec<Millis> = Vec::new();
     let mut next_status: Millis = 0;
     loop {
         let at = repl.cluster.lock().poll_timeout();
@@ -505,8 +507,12 @@ async fn run_timer<H: ClusterHost>(
             let mut states = NodeStates::new(host.limiter(), &mut digest);
             c.handle_timeout(now, &mut states);
             let (out, events) = drain(&mut c);
-            let peers =
-                (now >= next_status).then(|| (c.peers_status(now), c.refused(), c.rights_given()));
+            let peers = (now >= next_status).then(|| {
+                let lists = c.lists();
+                metrics::gauge!("levee_membership_agreed").set(f64::from(u8::from(lists.agreed())));
+                metrics::gauge!("levee_membership_version").set(lists.current().len() as f64);
+                (c.peers_status(now), c.refused(), c.rights_given())
+            });
             (out, events, peers)
         };
         repl.send_all(out);
@@ -527,6 +533,9 @@ async fn run_timer<H: ClusterHost>(
             // ours still hears its keep-alives. Redial, at most twice per suspect_after.
             let deaf = p.reachable && p.ack_lag_ms.is_some_and(|lag| lag > 2 * suspect_after);
             let i = usize::from(p.node.0);
+            if redialled.len() <= i {
+                redialled.resize(i + 1, 0);
+            }
             if deaf && now.saturating_sub(redialled[i]) > suspect_after / 2 {
                 redialled[i] = now;
                 repl.transport.reconnect(&peer);
@@ -548,6 +557,7 @@ async fn run_inbound<H: ClusterHost>(
     while let Some(inb) = rx.recv().await {
         let Some(from) = repl
             .ids
+            .read()
             .iter()
             .position(|id| *id == inb.peer)
             .map(|i| NodeIdx(i as u16))
