@@ -288,12 +288,14 @@ impl LocalClusterHandle {
         );
     }
 
-    /// Waits until every node of `nodes` sees its list agreed, all with one digest.
+    /// Waits until every node of `nodes` sees its list agreed and decides by it alone (no
+    /// other list bounds its shares), all with one digest.
     fn wait_agreed(&self, nodes: &[usize]) {
         let mut last: Vec<Value> = Vec::new();
         let ok = wait_until(READY_TIMEOUT, || {
             last = nodes.iter().map(|&i| self.membership(i)).collect();
-            last.iter().all(|m| m["agreed"] == true)
+            last.iter()
+                .all(|m| m["agreed"] == true && m["bounded"] == false)
                 && last.windows(2).all(|w| w[0]["digest"] == w[1]["digest"])
         });
         assert!(
@@ -1966,4 +1968,90 @@ fn a_node_removed_while_frozen_spends_no_share_once_thawed() {
         thawed_checks.clone().filter(|s| s.allowed()).count(),
         thawed_checks.count()
     );
+}
+
+/// A key's owner leaves (`POST /admin/leave`) with most of the day's rights of the key in
+/// hand, is stopped and removed from the list: nothing it held is stranded. Its region-mate,
+/// the key's owner from then on, admits until the cluster has admitted the whole day's limit,
+/// and every remaining node counts the same. (Removed without leaving, the rights it held
+/// would stay with it until the day after next: the growth rule, docs/membership.md.)
+#[test]
+fn a_keys_owner_that_leaves_hands_its_rights_over_and_is_removed_with_nothing_stranded() {
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let rule = "daily";
+    avoid_window_edge(DAY_MS, 120_000);
+    let key = (0..1_000)
+        .map(|i| format!("leaving-{i}"))
+        .find(|k| c.usage(eu1, rule, k)["owner"] == "eu-2")
+        .expect("a key eu-2 owns");
+    let key = key.as_str();
+    const BEFORE: u64 = 50;
+    c.admit_retrying(eu2, rule, key, BEFORE);
+    // The owner gathers its region's rights: give it a moment to hold them.
+    std::thread::sleep(Duration::from_millis(300));
+
+    let r =
+        c.c.post(eu2, "/admin/leave?wait_ms=4000", "")
+            .expect("an answer");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json["left"], true, "{r:?}");
+    assert_eq!(r.json["holding"], 0, "{r:?}");
+    let handed_over = r.json["handed_over"].as_u64().unwrap_or(0);
+    assert!(handed_over > 0, "{r:?}");
+    let states = peer_states(&c, eu1);
+    assert!(
+        states.contains(&("eu-2".to_owned(), "leaving".to_owned())),
+        "eu-1 shows eu-2 leaving: {states:?}"
+    );
+    assert_eq!(c.usage(eu1, rule, key)["owner"], "eu-1");
+    // Asked again, it is still done: nothing came back to it.
+    let again =
+        c.c.post(eu2, "/admin/leave?wait_ms=2000", "")
+            .expect("an answer");
+    assert_eq!(
+        (again.status, &again.json["left"]),
+        (200, &json!(true)),
+        "{again:?}"
+    );
+    // A bad wait is refused, naming the field.
+    let bad =
+        c.c.post(eu2, "/admin/leave?wait_ms=700000", "")
+            .expect("an answer");
+    assert!(bad.status == 400 && bad.body.contains("wait_ms"), "{bad:?}");
+
+    c.stop(eu2);
+    let removed = [(eu1, false), (eu2, true), (us1, false), (us2, false)];
+    c.change_list(&removed, &[eu1, us1, us2], true);
+    c.wait_agreed(&[eu1, us1, us2]);
+
+    // The day's rights left are all reachable from eu-1: it admits until the whole limit is
+    // spent (a denial that names the end of the day says the cluster holds nothing more).
+    let mut after = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline && BEFORE + after <= DAILY_LIMIT {
+        let r = c.check(eu1, rule, key);
+        if r.allowed() {
+            after += 1;
+            continue;
+        }
+        let retry = r.json["retry_after_ms"].as_u64().unwrap_or(u64::MAX);
+        last = r.body;
+        if retry > 60_000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(retry.max(1)));
+    }
+    eprintln!(
+        "eu-2 handed {handed_over} over; admitted {BEFORE} at eu-2 before it left, {after} at eu-1 after its removal (limit {DAILY_LIMIT})"
+    );
+    assert_eq!(
+        BEFORE + after,
+        DAILY_LIMIT,
+        "admitted {BEFORE} at eu-2 before it left and {after} at eu-1 after (eu-2 handed {handed_over} over); last denial: {last}"
+    );
+    c.wait_agreement(&[eu1, us1, us2], rule, key, READY_TIMEOUT, |v| {
+        v.used == DAILY_LIMIT
+    });
 }

@@ -36,16 +36,19 @@ pub enum PeerState {
     Joining,
     /// It runs this node's list.
     Active,
+    /// It said it is leaving (`POST /admin/leave`): it owns no key and hands its rights over.
+    Leaving,
     /// Removed from this node's list (a tombstone).
     Gone,
 }
 
 impl PeerState {
-    /// The state's name in the API (`joining`, `active`, `gone`).
+    /// The state's name in the API (`joining`, `active`, `leaving`, `gone`).
     pub fn as_str(self) -> &'static str {
         match self {
             PeerState::Joining => "joining",
             PeerState::Active => "active",
+            PeerState::Leaving => "leaving",
             PeerState::Gone => "gone",
         }
     }
@@ -58,6 +61,8 @@ pub struct Report {
     pub list: ReplicaSet,
     /// The other lists that bounded its shares ([`Lists::floors_to_send`]).
     pub floors: Vec<ReplicaSet>,
+    /// The positions of the nodes it knows are leaving ([`Lists::leaving_to_send`]).
+    pub leaving: Vec<u16>,
 }
 
 /// The lists in play at one node.
@@ -74,6 +79,8 @@ pub struct Lists {
     /// bound its shares. (It stays set when a peer later reports another list: that list
     /// bounds the shares by itself, as a floor.)
     settled: bool,
+    /// This node is leaving (`POST /admin/leave`): it owns no key and gives its rights away.
+    leaving: bool,
 }
 
 impl Lists {
@@ -85,6 +92,7 @@ impl Lists {
             current,
             since_agreed: Vec::new(),
             settled: false,
+            leaving: false,
         };
         lists.settle();
         lists
@@ -188,9 +196,15 @@ impl Lists {
         Ok(())
     }
 
-    /// `peer` says it runs `list`, its shares still bounded by `floors`. Returns whether
-    /// [`Lists::spending`] may have changed.
-    pub fn reported(&mut self, peer: NodeIdx, list: ReplicaSet, floors: Vec<ReplicaSet>) -> bool {
+    /// `peer` says it runs `list`, its shares still bounded by `floors`, and knows the nodes
+    /// at `leaving` are leaving. Returns whether [`Lists::spending`] may have changed.
+    pub fn reported(
+        &mut self,
+        peer: NodeIdx,
+        list: ReplicaSet,
+        floors: Vec<ReplicaSet>,
+        leaving: Vec<u16>,
+    ) -> bool {
         if self.settled && self.current.is_removed(peer) {
             // Once this node's list is agreed, every live node keeps it as a bound: what a
             // removed node (thawed, say, and still running an older list) says bounds
@@ -205,13 +219,18 @@ impl Lists {
                 .chain(f.iter().map(ReplicaSet::digest))
                 .collect::<Vec<u64>>()
         };
-        if slot
-            .as_ref()
-            .is_some_and(|r| digests(&r.list, &r.floors) == digests(&list, &floors))
+        if let Some(r) = slot
+            .as_mut()
+            .filter(|r| digests(&r.list, &r.floors) == digests(&list, &floors))
         {
+            r.leaving = leaving;
             return false;
         }
-        *slot = Some(Report { list, floors });
+        *slot = Some(Report {
+            list,
+            floors,
+            leaving,
+        });
         self.settle();
         true
     }
@@ -220,11 +239,63 @@ impl Lists {
     pub fn state(&self, peer: NodeIdx) -> PeerState {
         if self.current.is_removed(peer) {
             PeerState::Gone
+        } else if self.is_leaving(peer) {
+            PeerState::Leaving
         } else if self.acknowledged(peer) {
             PeerState::Active
         } else {
             PeerState::Joining
         }
+    }
+
+    /// What node `n` last said of its lists, if anything (and it still counts).
+    pub fn report(&self, n: NodeIdx) -> Option<&Report> {
+        self.reported.get(usize::from(n.0)).and_then(Option::as_ref)
+    }
+
+    /// This node starts leaving: it owns no key from now on, and tells its peers so.
+    /// (Until it restarts: a node that starts again is not leaving.)
+    pub fn leave(&mut self) {
+        self.leaving = true;
+    }
+
+    /// Whether node `n` of the list is leaving: this node if it was told to leave, a peer if
+    /// it said so of itself. A removed node is gone, not leaving.
+    pub fn is_leaving(&self, n: NodeIdx) -> bool {
+        if n == self.me {
+            return self.leaving;
+        }
+        !self.current.is_removed(n)
+            && self
+                .reported
+                .get(usize::from(n.0))
+                .and_then(Option::as_ref)
+                .is_some_and(|r| r.leaving.contains(&n.0))
+    }
+
+    /// The positions of the nodes this node knows are leaving, its own first when it is:
+    /// what its `Membership` messages say.
+    pub fn leaving_to_send(&self) -> Vec<u16> {
+        let me = self.leaving.then_some(self.me.0);
+        me.into_iter()
+            .chain(
+                self.current
+                    .nodes()
+                    .filter(|&n| n != self.me && self.is_leaving(n))
+                    .map(|n| n.0),
+            )
+            .collect()
+    }
+
+    /// Whether this node leaves and every other live node of its list has said it knows:
+    /// none of them routes a key to it or gives it rights as a key's owner any more.
+    pub fn leave_acknowledged(&self) -> bool {
+        self.leaving
+            && self.current.nodes().filter(|&n| n != self.me).all(|n| {
+                self.reported[usize::from(n.0)]
+                    .as_ref()
+                    .is_some_and(|r| r.leaving.contains(&self.me.0))
+            })
     }
 
     fn acknowledged(&self, n: NodeIdx) -> bool {
@@ -273,7 +344,7 @@ mod tests {
     fn agreed_on_four() -> Lists {
         let mut eu1 = Lists::new(four(), NodeIdx(0));
         for n in 1..4 {
-            eu1.reported(NodeIdx(n), four(), vec![]);
+            eu1.reported(NodeIdx(n), four(), vec![], vec![]);
         }
         assert!(eu1.agreed());
         eu1
@@ -299,7 +370,7 @@ mod tests {
     fn a_node_whose_list_the_others_do_not_run_spends_nothing_of_its_own() {
         let mut eu2 = Lists::new(four(), NodeIdx(2));
         assert_eq!(eu2.spending().split(1000), vec![250, 250, 250, 250]);
-        assert!(eu2.reported(NodeIdx(0), two(), vec![]));
+        assert!(eu2.reported(NodeIdx(0), two(), vec![], vec![]));
         assert_eq!(eu2.spending().split(1000), vec![250, 250, 0, 0]);
         assert!(!eu2.agreed());
         assert_eq!(eu2.state(NodeIdx(0)), PeerState::Joining);
@@ -308,7 +379,7 @@ mod tests {
     #[test]
     fn a_grown_list_applies_once_every_node_of_it_runs_it() {
         let mut eu1 = Lists::new(two(), NodeIdx(0));
-        eu1.reported(NodeIdx(1), two(), vec![]);
+        eu1.reported(NodeIdx(1), two(), vec![], vec![]);
         assert!(eu1.agreed());
         assert_eq!(eu1.spending().split(1000), vec![500, 500]);
         eu1.change(four()).unwrap();
@@ -318,11 +389,11 @@ mod tests {
             vec![250, 250, 0, 0],
             "the smaller of the old and new shares"
         );
-        eu1.reported(NodeIdx(1), four(), vec![]);
-        eu1.reported(NodeIdx(2), four(), vec![]);
+        eu1.reported(NodeIdx(1), four(), vec![], vec![]);
+        eu1.reported(NodeIdx(2), four(), vec![], vec![]);
         assert!(!eu1.agreed(), "us-2 has not said it runs the list");
         assert_eq!(eu1.state(NodeIdx(3)), PeerState::Joining);
-        eu1.reported(NodeIdx(3), four(), vec![]);
+        eu1.reported(NodeIdx(3), four(), vec![], vec![]);
         assert!(eu1.agreed());
         assert_eq!(eu1.state(NodeIdx(3)), PeerState::Active);
         assert_eq!(eu1.spending().split(1000), vec![250, 250, 250, 250]);
@@ -341,7 +412,7 @@ mod tests {
         eu1.change(shrunk.clone()).unwrap();
         assert_eq!(eu1.state(NodeIdx(2)), PeerState::Gone);
         assert_eq!(eu1.spending().split(1000), vec![250, 250, 0, 0]);
-        eu1.reported(NodeIdx(1), shrunk, vec![]);
+        eu1.reported(NodeIdx(1), shrunk, vec![], vec![]);
         assert!(eu1.agreed(), "removed nodes are not waited for");
         assert_eq!(eu1.spending().split(1000), vec![500, 500, 0, 0]);
     }
@@ -358,12 +429,50 @@ mod tests {
             ("us-2", "us", REMOVED),
         ]);
         eu1.change(shrunk.clone()).unwrap();
-        eu1.reported(NodeIdx(1), shrunk.clone(), vec![]);
-        eu1.reported(NodeIdx(2), shrunk, vec![]);
+        eu1.reported(NodeIdx(1), shrunk.clone(), vec![], vec![]);
+        eu1.reported(NodeIdx(2), shrunk, vec![], vec![]);
         assert!(eu1.agreed());
         assert_eq!(eu1.spending().split(1000), vec![250, 500, 250, 0]);
-        assert!(!eu1.reported(NodeIdx(3), four(), vec![]));
+        assert!(!eu1.reported(NodeIdx(3), four(), vec![], vec![]));
         assert_eq!(eu1.spending().split(1000), vec![250, 500, 250, 0]);
+    }
+
+    #[test]
+    fn a_node_is_leaving_when_it_says_so_of_itself_and_done_once_every_live_peer_knows() {
+        // eu-2 (position 2) leaves; eu-1 hears it.
+        let mut eu2 = Lists::new(four(), NodeIdx(2));
+        for n in [0, 1, 3] {
+            eu2.reported(NodeIdx(n), four(), vec![], vec![]);
+        }
+        assert!(!eu2.leave_acknowledged(), "not leaving yet");
+        eu2.leave();
+        assert_eq!(eu2.leaving_to_send(), vec![2]);
+        let mut eu1 = agreed_on_four();
+        // What another node says of a third does not make the third leave.
+        eu1.reported(NodeIdx(1), four(), vec![], vec![2]);
+        assert!(!eu1.is_leaving(NodeIdx(2)));
+        eu1.reported(NodeIdx(2), four(), vec![], eu2.leaving_to_send());
+        assert!(eu1.is_leaving(NodeIdx(2)));
+        assert_eq!(eu1.state(NodeIdx(2)), PeerState::Leaving);
+        assert_eq!(eu1.leaving_to_send(), vec![2], "eu-1 acknowledges it");
+        assert!(eu1.agreed(), "leaving changes no list");
+        // eu-2 is done once every live peer said it knows.
+        eu2.reported(NodeIdx(0), four(), vec![], eu1.leaving_to_send());
+        eu2.reported(NodeIdx(1), four(), vec![], vec![2]);
+        assert!(!eu2.leave_acknowledged(), "us-2 has not said it knows");
+        eu2.reported(NodeIdx(3), four(), vec![], vec![2]);
+        assert!(eu2.leave_acknowledged());
+        // Once removed it is gone, not leaving, and no longer waited for.
+        let removed = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", None),
+            ("eu-2", "eu", REMOVED),
+            ("us-2", "us", None),
+        ]);
+        eu1.change(removed).unwrap();
+        assert_eq!(eu1.state(NodeIdx(2)), PeerState::Gone);
+        assert!(!eu1.is_leaving(NodeIdx(2)));
+        assert!(eu1.leaving_to_send().is_empty());
     }
 
     #[test]

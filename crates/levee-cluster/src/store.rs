@@ -31,6 +31,10 @@ pub trait KeyStates {
     /// target ([`levee_core::Rule::target_of_bucket`]), and lists the key as changed (its
     /// delta goes out with this interval's). The machine rebalances spare rights with it.
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>));
+    /// Counts every key held as used since the last call: the next
+    /// [`KeyStates::update_active`] calls `f` with all of them (a leaving node gives away the
+    /// rights of every key, not only of the keys used lately).
+    fn activate_all(&mut self);
 
     /// The per-key override registers taken or written since the last call (what this
     /// interval's gossip sends to every peer). A store without overrides has none.

@@ -128,7 +128,7 @@ impl Model {
         let Some(from) = l.current().node_by_id(&format!("n{}", note.from)) else {
             return;
         };
-        l.reported(from, note.list, note.floors);
+        l.reported(from, note.list, note.floors, Vec::new());
     }
 
     fn running(&self) -> impl Iterator<Item = usize> + '_ {

@@ -137,20 +137,56 @@ pub(crate) fn publish_demand(
 /// node's own rows are written, and never more than it holds beyond what it needs.
 pub(crate) fn give_spare(crdt: &mut KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Gifts {
     let algo = *target.algorithm;
-    let now = ctx.now;
-    let e = algo.epoch(now);
-    let epoch_len = algo.epoch_len(now);
-    let split = match target.split {
+    let split = split_of(target, ctx.replicas);
+    let mut gifts = Gifts::default();
+    for scope in scopes(&algo, ctx.now) {
+        rebalance_scope(crdt, target, &algo, &split, scope, ctx, &mut gifts);
+    }
+    gifts
+}
+
+/// What `me` holds of a key beyond what it used, over every scope it holds rights in (the
+/// current and the next epoch, or the continuous holdings): what a leaving node still has
+/// to give away. A token bucket's holdings are its units of capacity, used or not.
+pub(crate) fn unspent(
+    crdt: &KeyCrdt,
+    target: &Target<'_>,
+    replicas: &ReplicaSet,
+    me: NodeIdx,
+    now: Millis,
+) -> u64 {
+    let algo = *target.algorithm;
+    let split = split_of(target, replicas);
+    let base = split.get(usize::from(me.0)).copied().unwrap_or(0);
+    scopes(&algo, now)
+        .into_iter()
+        .map(|scope| {
+            let matrix = matrix(crdt, scope).cloned().unwrap_or_default();
+            let held = holdings(base, &matrix, me);
+            held.saturating_sub(need_of(crdt, &algo, me, 0, scope, now, HORIZON_MS))
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// The static shares of a key's capacity: the target's bound split, or the list's.
+fn split_of(target: &Target<'_>, replicas: &ReplicaSet) -> Vec<u64> {
+    match target.split {
         Some(s) => s.to_vec(),
-        None => ctx.replicas.split(algo.capacity()),
-    };
-    let scopes: Vec<Scope> = if algo.rights_per_epoch() {
+        None => replicas.split(target.algorithm.capacity()),
+    }
+}
+
+/// The scopes an algorithm holds rights in at `now`: the current and the next epoch, or the
+/// continuous holdings.
+fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
+    if algo.rights_per_epoch() {
+        let e = algo.epoch(now);
         let end = algo.epoch_end(e);
         vec![
             Scope::Epoch {
                 epoch: e,
                 remaining_ms: end - now,
-                len_ms: epoch_len,
+                len_ms: algo.epoch_len(now),
             },
             Scope::Epoch {
                 epoch: e + 1,
@@ -160,12 +196,7 @@ pub(crate) fn give_spare(crdt: &mut KeyCrdt, target: &Target<'_>, ctx: &Rebalanc
         ]
     } else {
         vec![Scope::Continuous]
-    };
-    let mut gifts = Gifts::default();
-    for scope in scopes {
-        rebalance_scope(crdt, target, &algo, &split, scope, ctx, &mut gifts);
     }
-    gifts
 }
 
 /// Gives spare rights of one scope, adding what it gave and wrote to `gifts`.

@@ -64,6 +64,13 @@ pub struct MembershipStatus {
     /// Every node of the list (removed ones aside) has said it runs this list. Until then
     /// every node's share of every limit is the smallest under the lists in play.
     pub agreed: bool,
+    /// This node's decisions are still bound by a list other than its own (one it ran
+    /// before, or one a peer runs or is bounded by): its shares are the smallest under them.
+    /// `false` once the shares of this node's own list are in force; a share that grows then
+    /// still waits for the window after next (docs/membership.md).
+    pub bounded: bool,
+    /// This node is leaving (`POST /admin/leave`): it owns no key and hands its rights over.
+    pub leaving: bool,
 }
 
 /// This node in `/v1/cluster`.
@@ -313,9 +320,9 @@ impl App {
             }
             _ => Vec::new(),
         };
-        let (version, digest, agreed) = match self.replication.as_ref() {
-            Some(repl) => repl.membership(),
-            None => (replicas.len(), replicas.digest(), true),
+        let (version, digest, agreed, bounded, leaving) = match self.replication.as_ref() {
+            Some(repl) => repl.membership(replicas),
+            None => (replicas.len(), replicas.digest(), true, false, false),
         };
         ClusterStatus {
             node,
@@ -327,6 +334,8 @@ impl App {
                 version,
                 digest: format!("{digest:016x}"),
                 agreed,
+                bounded,
+                leaving,
             },
         }
     }

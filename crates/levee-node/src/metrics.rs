@@ -303,10 +303,12 @@ pub enum Endpoint {
     Reload,
     /// `/v1/overrides/…`.
     Overrides,
+    /// `POST /admin/leave`.
+    Leave,
 }
 
 /// The `endpoint` label of each [`Endpoint`], in its order.
-const ENDPOINTS: [&str; 8] = [
+const ENDPOINTS: [&str; 9] = [
     "check",
     "batch",
     "refund",
@@ -315,6 +317,7 @@ const ENDPOINTS: [&str; 8] = [
     "reset",
     "reload",
     "overrides",
+    "leave",
 ];
 const CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
 

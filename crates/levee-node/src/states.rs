@@ -192,6 +192,18 @@ impl KeyStates for NodeStates<'_> {
         self.limiter.store().peek(id, |s| s.crdt().clone())
     }
 
+    fn activate_all(&mut self) {
+        // Every key is listed as changed (those already listed are not listed twice).
+        let store = self.limiter.store();
+        store.for_each_slot(|id, slot| store.note(id, slot));
+        if let Some(active) = self.active.as_mut() {
+            // Taken already this interval: add them now.
+            let more = store.take_changed();
+            self.pending.extend(more.iter().cloned());
+            active.extend(more);
+        }
+    }
+
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         self.active();
         let (rules, overrides, now) = (&self.rules, &self.overrides, self.now);

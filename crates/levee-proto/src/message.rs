@@ -306,6 +306,11 @@ pub enum Message {
         /// bounds its shares by them too, so that it does not spend a share the running
         /// nodes have not yet given up.
         floors: Vec<MemberList>,
+        /// The positions (in `list`) of the nodes the sender knows are leaving
+        /// (`POST /admin/leave`), its own first when it leaves; at most
+        /// `levee_core::MAX_NODES`. A node is leaving when it says so of itself; what it
+        /// says of others acknowledges what they said.
+        leaving: Vec<u16>,
     },
 }
 

@@ -89,7 +89,9 @@ impl Cluster {
             // the change settles (a list sent to a peer that was not listening yet is not
             // resent otherwise), and every ten once it has (a lost message must not leave a
             // peer bounding its shares by lists this node no longer runs).
-            let settling = !self.lists.agreed() || !self.lists.settled();
+            let settling = !self.lists.agreed()
+                || !self.lists.settled()
+                || (self.lists.is_leaving(self.cfg.me) && !self.lists.leave_acknowledged());
             let every = if settling { 1 } else { 10 };
             self.next_membership = now + every * self.cfg.anti_entropy_interval;
             for &p in &peers {
@@ -102,6 +104,11 @@ impl Cluster {
     /// toward demand (each key's owner in this region gets what the others spare), with at
     /// most [`MAX_IN_FLIGHT_FRACTION`] of a key's capacity in flight to one peer.
     fn rebalance(&mut self, now: Millis, store: &mut dyn KeyStates) {
+        if self.lists.is_leaving(self.cfg.me) {
+            // Leaving: every key it holds rights in gives them to its owner, not only the
+            // keys used lately.
+            store.activate_all();
+        }
         let view = self.view();
         let rings = &self.rings;
         let replicas = &self.cfg.replicas;
@@ -112,7 +119,7 @@ impl Cluster {
         let mut given = 0u64;
         store.update_active(&mut |id, state, target| {
             let capacity = target.algorithm.capacity() as f64;
-            let owner = rings.owner(region, key_of(id)).unwrap_or(me);
+            let owner = super::owner_in(rings, replicas, me, key_of(id));
             // A key taken over from an unreachable owner: its demand is this node's now.
             let inherit_from = full_rings
                 .owner(region, key_of(id))

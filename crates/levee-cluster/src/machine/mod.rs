@@ -181,9 +181,7 @@ impl Cluster {
         self.membership.grow(n);
         self.peer.resize(n, crate::peer::PeerLink::default());
         self.cfg.replicas = self.lists.spending();
-        let m = &self.membership;
-        self.rings = Rings::new(&self.cfg.replicas, |p| m.is_reachable(p));
-        self.full_rings = Rings::new(&self.cfg.replicas, |_| true);
+        self.rebuild_rings();
         for peer in self.peers() {
             self.send_list(peer, now);
         }
@@ -206,15 +204,58 @@ impl Cluster {
             .iter()
             .map(spec)
             .collect();
-        self.send(peer, Message::Membership { list, floors }, now);
+        let leaving = self.lists.leaving_to_send();
+        self.send(
+            peer,
+            Message::Membership {
+                list,
+                floors,
+                leaving,
+            },
+            now,
+        );
     }
 
-    /// `from` says it runs `list`, bounded by `floors`: the shares spent may change.
+    /// The key rings again, after reachability or a node's leaving changed: a key's owner is
+    /// a live node of its region, neither leaving nor (for [`Cluster::owner`]) unreachable.
+    fn rebuild_rings(&mut self) {
+        let (m, lists) = (&self.membership, &self.lists);
+        self.rings = Rings::new(&self.cfg.replicas, |n| {
+            m.is_reachable(n) && !lists.is_leaving(n)
+        });
+        self.full_rings = Rings::new(&self.cfg.replicas, |n| !lists.is_leaving(n));
+    }
+
+    /// `POST /admin/leave`: this node owns no key from now on (its region-mates take its keys
+    /// over, or the nodes of another region if it is the last of its own), gives every right
+    /// it holds to the keys' owners at every interval, and tells every peer. It stays leaving
+    /// until it stops; [`Cluster::leave_acknowledged`] says when every peer knows.
+    pub fn leave(&mut self, now: Millis) {
+        if self.lists.is_leaving(self.cfg.me) {
+            return;
+        }
+        self.lists.leave();
+        self.rebuild_rings();
+        for peer in self.peers() {
+            self.send_list(peer, now);
+        }
+        self.next_membership = now + self.cfg.anti_entropy_interval;
+    }
+
+    /// Whether this node leaves and every other live node knows it: none routes a key to it
+    /// or gives it rights as a key's owner any more.
+    pub fn leave_acknowledged(&self) -> bool {
+        self.lists.leave_acknowledged()
+    }
+
+    /// `from` says it runs `list`, bounded by `floors`, and knows the nodes at `leaving` are
+    /// leaving: the shares spent and the keys' owners may change.
     fn list_reported(
         &mut self,
         from: NodeIdx,
         list: &MemberList,
         floors: &[MemberList],
+        leaving: Vec<u16>,
         now: Millis,
     ) {
         let set = |l: &MemberList| {
@@ -231,8 +272,20 @@ impl Cluster {
             self.refused += 1;
             return;
         };
+        if leaving.len() > levee_core::MAX_NODES {
+            self.refused += 1;
+            return;
+        }
         let unsettled = !self.lists.settled();
-        if self.lists.reported(from, set, floors) {
+        let was_leaving = self.lists.is_leaving(from);
+        let changed = self.lists.reported(from, set, floors, leaving);
+        if self.lists.is_leaving(from) != was_leaving {
+            // It leaves (or, restarted, no longer does): its keys move to the others; tell
+            // it this node knows, so that it can hand its rights over.
+            self.rebuild_rings();
+            self.send_list(from, now);
+        }
+        if changed {
             if unsettled && self.lists.settled() {
                 // Agreed: the lists this node ran before no longer bound its shares. Its
                 // peers bound theirs by them too (they came as floors): tell them.
@@ -302,10 +355,11 @@ impl Cluster {
         self.synced
     }
 
-    /// The owner of a key in this node's region, among the nodes believed reachable.
+    /// The owner of a key in this node's region, among the nodes believed reachable and not
+    /// leaving. A leaving node that is the last of its region: the key's owner in the first
+    /// other region that has one (or itself, if none has).
     pub fn owner(&self, key: &[u8]) -> NodeIdx {
-        let region = self.cfg.replicas.region_of(self.cfg.me);
-        self.rings.owner(region, key).unwrap_or(self.cfg.me)
+        owner_in(&self.rings, &self.cfg.replicas, self.cfg.me, key)
     }
 
     /// Where a check of `key` is decided (see [`crate::routing`]). A key this node took over
@@ -406,8 +460,7 @@ impl Cluster {
                 Change::Down(n) => Event::PeerDown(n),
             });
         }
-        let m = &self.membership;
-        self.rings = Rings::new(&self.cfg.replicas, |n| m.is_reachable(n));
+        self.rebuild_rings();
         let after = self.membership.unreachable_regions(&self.cfg.replicas);
         for r in self.cfg.replicas.regions() {
             match (before.contains(r), after.contains(r)) {
@@ -459,4 +512,18 @@ impl Cluster {
         }
         self.report_view();
     }
+}
+
+/// [`Cluster::owner`] for `me`, over `rings`.
+pub(super) fn owner_in(rings: &Rings, replicas: &ReplicaSet, me: NodeIdx, key: &[u8]) -> NodeIdx {
+    let region = replicas.region_of(me);
+    rings
+        .owner(region, key)
+        .or_else(|| {
+            replicas
+                .regions()
+                .filter(|&r| r != region)
+                .find_map(|r| rings.owner(r, key))
+        })
+        .unwrap_or(me)
 }

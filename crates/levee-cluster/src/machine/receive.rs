@@ -64,7 +64,11 @@ impl Cluster {
         }
         match msg {
             Message::Hello(_) => {}
-            Message::Membership { list, floors } => self.list_reported(from, &list, &floors, now),
+            Message::Membership {
+                list,
+                floors,
+                leaving,
+            } => self.list_reported(from, &list, &floors, leaving, now),
             Message::Deltas(batch) => self.merge_batch(&batch, now, store),
             // A recovering node sends what it has but cannot vouch that it is complete.
             Message::PullRequest if self.synced => {

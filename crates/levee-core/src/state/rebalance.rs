@@ -52,6 +52,19 @@ impl KeyState {
         gifts.given
     }
 
+    /// What `me` holds of this key beyond what it used: rights in the current and the next
+    /// epoch, or its continuous holdings (a token bucket's units of capacity). A node that
+    /// leaves holds nothing once this is 0 for every key.
+    pub fn unspent(
+        &self,
+        target: &Target<'_>,
+        replicas: &crate::replica::ReplicaSet,
+        me: crate::replica::NodeIdx,
+        now: Millis,
+    ) -> u64 {
+        escrow::unspent(&self.crdt, target, replicas, me, now)
+    }
+
     /// A check of `cost` was denied because this node held too little while the
     /// cluster had room. The shortfall is published as demand at the next interval (whether
     /// or not the key has a forecast yet: sporadic demand never makes one), so that donors

@@ -11,6 +11,7 @@
 //! | `ANY /v1/authz/{rule}`, routed and direct | `authz.rs` (the direct path is [`Api`], here) |
 //! | `GET /v1/usage/{rule}/{key}`, `GET /v1/rules`, `GET /v1/cluster` | `reading.rs` |
 //! | `DELETE /v1/usage/{rule}/{key}`, `POST /admin/reload` | `admin.rs` |
+//! | `POST /admin/leave` | `leave.rs` |
 //! | `PUT/GET/DELETE /v1/overrides/{rule}/{key}`, `GET /v1/overrides/{rule}` | `overrides.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | `operations.rs` |
 //! | `GET /openapi.json` (the OpenAPI 3.1 document of all of these) | `openapi.rs` |
@@ -37,6 +38,7 @@ mod check;
 mod decision;
 mod headers;
 mod key_from;
+mod leave;
 mod openapi;
 mod operations;
 mod overrides;
@@ -94,6 +96,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<App>>)> {
         ("/readyz", get(operations::readyz)),
         ("/metrics", get(operations::metrics)),
         ("/admin/reload", post(admin::reload)),
+        ("/admin/leave", post(leave::leave)),
         (
             "/v1/overrides/{rule}/{key}",
             get(overrides::get)

@@ -40,6 +40,7 @@ use crate::app::App;
         super::operations::readyz,
         super::operations::metrics,
         super::admin::reload,
+        super::leave::leave,
         super::overrides::put,
         super::overrides::get,
         super::overrides::delete,

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Outgoing, Route};
-use levee_core::{Millis, NodeIdx};
+use levee_core::{Millis, NodeIdx, ReplicaSet};
 use levee_proto::{ForwardCheck, ForwardDecision, Hello};
 use levee_transport::{Inbound, PeerAddr, TlsFiles, Transport, TransportConfig};
 use parking_lot::Mutex;
@@ -29,9 +29,11 @@ use crate::limiter::Limiter;
 use crate::states::{NodeDigest, NodeStates};
 
 mod forward;
+mod leave;
 
 pub use forward::decide_forwarded;
 use forward::{Job, forward_loop};
+pub use leave::LeaveProgress;
 
 /// How long a forwarded batch may take before the forwarder decides alone.
 const FORWARD_TIMEOUT_MAX: Millis = 500;
@@ -92,6 +94,8 @@ pub struct Replication {
     deciding: AtomicUsize,
     /// Set by [`Replication::shutdown`]: the timer stops.
     stopped: watch::Sender<bool>,
+    /// The machine's rights given when the node started leaving (`leave.rs`).
+    leave_given_from: AtomicU64,
 }
 
 /// How long a stopping node waits for its peers to acknowledge its last deltas.
@@ -171,6 +175,7 @@ impl Replication {
             closing: AtomicBool::new(false),
             deciding: AtomicUsize::new(0),
             stopped: watch::channel(false).0,
+            leave_given_from: AtomicU64::new(0),
         });
         repl.start_forwarders(&replicas);
         Ok((repl, inbound))
@@ -178,12 +183,26 @@ impl Replication {
 
     /// Starts a forwarder for every region-mate of `replicas` that has none yet.
     fn start_forwarders(self: &Arc<Self>, replicas: &levee_core::ReplicaSet) {
+        let my_region = replicas.region_of(self.me);
+        self.start_forwarders_where(replicas, |n| replicas.region_of(n) == my_region);
+    }
+
+    /// Starts a forwarder for every node of `replicas`: a leaving node that was the last of
+    /// its region forwards its checks to other regions' owners.
+    fn start_forwarders_to_all(self: &Arc<Self>, replicas: &levee_core::ReplicaSet) {
+        self.start_forwarders_where(replicas, |_| true);
+    }
+
+    fn start_forwarders_where(
+        self: &Arc<Self>,
+        replicas: &levee_core::ReplicaSet,
+        to: impl Fn(NodeIdx) -> bool,
+    ) {
         let mut forwarders = self.forwarders.write();
         forwarders.resize_with(replicas.len(), || None);
-        let my_region = replicas.region_of(self.me);
         for n in replicas.nodes() {
             let slot = &mut forwarders[usize::from(n.0)];
-            if n != self.me && replicas.region_of(n) == my_region && slot.is_none() {
+            if n != self.me && to(n) && slot.is_none() {
                 let (tx, rx) = mpsc::channel(4096);
                 *slot = Some(tx);
                 tokio::spawn(forward_loop(Arc::clone(self), n, rx));
@@ -226,14 +245,18 @@ impl Replication {
         Ok(())
     }
 
-    /// Whether this node's list is agreed, with its version (positions) and digest.
-    pub fn membership(&self) -> (usize, u64, bool) {
+    /// This node's list: its version (positions), digest, whether it is agreed, whether
+    /// `in_force` (the list the limiter's rules are bound to) is still another list than it,
+    /// and whether this node is leaving.
+    pub fn membership(&self, in_force: &ReplicaSet) -> (usize, u64, bool, bool, bool) {
         let c = self.cluster.lock();
         let lists = c.lists();
         (
             lists.current().len(),
             lists.current().digest(),
             lists.agreed(),
+            in_force != lists.current(),
+            lists.is_leaving(self.me),
         )
     }
 
