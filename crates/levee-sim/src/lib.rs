@@ -32,6 +32,7 @@ pub mod demand;
 pub mod heal;
 pub mod ledger;
 pub mod levee;
+pub mod lists;
 pub mod net;
 pub mod outcome;
 pub mod plan;

@@ -9,6 +9,7 @@
 use levee_testkit::rng::SeededRng;
 
 use crate::demand;
+use crate::lists::NodeList;
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, Request, RunPlan, Topology,
     WINDOW_MS,
@@ -148,6 +149,7 @@ impl Scenario {
                 Scenario::BackToBack => demand::back_to_back(&mut demand_rng, regions),
                 _ => demand::light_keys(&mut demand_rng, regions),
             };
+            let lists = vec![NodeList::initial(&topology)];
             return RunPlan {
                 seed,
                 scenario: self,
@@ -158,6 +160,7 @@ impl Scenario {
                 window_ms: d.window_ms,
                 duration_ms: d.duration_ms,
                 offsets,
+                lists,
                 faults: Vec::new(),
                 episodes: Vec::new(),
                 keys: d.keys,
@@ -329,6 +332,7 @@ impl Scenario {
             regions,
             &mut demand_rng,
         );
+        let lists = vec![NodeList::initial(&topology)];
         RunPlan {
             seed,
             scenario: self,
@@ -339,6 +343,7 @@ impl Scenario {
             window_ms: WINDOW_MS,
             duration_ms,
             offsets,
+            lists,
             faults,
             episodes,
             keys,
