@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// A removed node that went on (thawed) with its old list, spending under it until it
+/// hears of its removal: the rights of its old share exist beside every other node's share
+/// under the list that removed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ghost {
+    /// The node.
+    pub node: usize,
+    /// Its share of the limit when it went on.
+    pub share: u64,
+    /// When it went on (sim ms).
+    pub thawed_at: u64,
+    /// When its share fell to 0: it heard of its removal (sim ms; `None`: it never did).
+    pub heard_at: Option<u64>,
+}
+
 /// How a run's node lists settled.
 #[derive(Debug, Clone, Default)]
 pub struct ListsFigure {
@@ -18,6 +33,11 @@ pub struct ListsFigure {
     /// Frames dropped because the receiver's list did not hold their sender (a new node
     /// heard by a node that has not reloaded yet).
     pub unknown_sender: u64,
+    /// Peers' states of a key refused because they name a node the receiver's list does not
+    /// hold yet (the whole state: the receiver misses its other entries until a later one).
+    pub unknown_node_states: u64,
+    /// Removed nodes that went on with their old list.
+    pub ghosts: Vec<Ghost>,
 }
 
 impl<'p> Driver<'p> {
@@ -58,6 +78,15 @@ impl<'p> Driver<'p> {
             return;
         }
         self.nodes[node].frozen = false;
+        if !self.plan.final_list().is_live(node) {
+            let t = self.clock(node);
+            self.lists.ghosts.push(Ghost {
+                node,
+                share: self.nodes[node].states.share_at(t),
+                thawed_at: self.now,
+                heard_at: None,
+            });
+        }
         let inbox = std::mem::take(&mut self.nodes[node].inbox);
         for (from, payload) in inbox {
             self.receive(node, from, &payload);
@@ -73,8 +102,16 @@ impl<'p> Driver<'p> {
         (0..self.nodes.len()).filter(move |&n| self.nodes[n].up && last.is_live(n))
     }
 
-    /// Times agreement on the last list, and its full shares, after the last change.
+    /// Times agreement on the last list, and its full shares, after the last change; and
+    /// when each thawed removed node heard of its removal.
     pub(super) fn note_lists(&mut self) {
+        for g in 0..self.lists.ghosts.len() {
+            let ghost = self.lists.ghosts[g];
+            let t = self.clock(ghost.node);
+            if ghost.heard_at.is_none() && self.nodes[ghost.node].states.share_at(t) == 0 {
+                self.lists.ghosts[g].heard_at = Some(self.now);
+            }
+        }
         if !self.plan.has_membership()
             || self.now < self.plan.last_change_at()
             || self.lists.applied_at.is_some()

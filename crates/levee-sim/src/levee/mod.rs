@@ -47,7 +47,7 @@ mod network;
 mod requests;
 mod states;
 mod watch;
-pub use members::ListsFigure;
+pub use members::{Ghost, ListsFigure};
 pub use states::SimStates;
 pub use watch::dominates;
 
@@ -60,7 +60,9 @@ pub struct LeveeResult {
     pub heals: Vec<HealFigure>,
     /// What the network did.
     pub net: NetStats,
-    /// Frames or states the clusters refused (should be none: every frame is well formed).
+    /// Frames or states the clusters refused (should be none: every frame is well formed),
+    /// beside states naming a node the receiver does not list yet
+    /// ([`ListsFigure::unknown_node_states`]).
     pub refused: u64,
     /// Anything that should never happen (a frame that fails to encode or decode, an
     /// unknown rule): reported as failures.
@@ -120,6 +122,9 @@ struct Driver<'p> {
     now: u64,
     epoch_seen: Vec<u64>,
     lists: ListsFigure,
+    /// Frames or states refused by the machines of processes that ended (restarted), beside
+    /// states naming a node not listed yet.
+    refused: u64,
     rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
     /// Checks forwarded and not yet answered, by (forwarding node, batch id): the region
     /// they were asked in and the key.
@@ -173,6 +178,7 @@ impl<'p> Driver<'p> {
                 .map(|i| plan.window_of((T0 as i64 + offset(i)) as u64))
                 .collect(),
             lists: ListsFigure::default(),
+            refused: 0,
             rights: BTreeMap::new(),
             forwarded: BTreeMap::new(),
             key_index: plan
@@ -317,7 +323,10 @@ impl<'p> Driver<'p> {
                 self.note_rights(n, e);
             }
         }
-        let refused = self.nodes.iter().map(|n| n.cluster.refused()).sum();
+        for n in 0..self.nodes.len() {
+            self.retire(n);
+        }
+        let refused = self.refused;
         self.end_lists();
         let probe_views = match self.plan.probe {
             Some(p) => self

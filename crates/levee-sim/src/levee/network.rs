@@ -59,6 +59,7 @@ impl<'p> Driver<'p> {
     /// Node `node` starts (again), empty, with list `list`: a new process, a new connection
     /// generation, its rule bound to its configuration's list.
     pub(super) fn start(&mut self, node: usize, list: usize, offset: i64) {
+        self.retire(node);
         self.nodes[node].offset = offset;
         let cluster = Cluster::new(self.config(node, list), self.clock(node));
         let states = SimStates::new(
@@ -76,6 +77,14 @@ impl<'p> Driver<'p> {
         n.inbox.clear();
         n.incarnation += 1;
         self.flush(node);
+    }
+
+    /// Counts what the process of node `n` refused before it is replaced or the run ends.
+    pub(super) fn retire(&mut self, n: usize) {
+        let node = &self.nodes[n];
+        let unknown = node.states.unknown_node_refusals();
+        self.lists.unknown_node_states += unknown;
+        self.refused += node.cluster.refused().saturating_sub(unknown);
     }
 
     /// Hands every message node `n` queued to the network, through the real codec, and acts

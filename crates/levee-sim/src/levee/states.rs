@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use levee_cluster::{Fingerprints, KeyStates, Refused, key_fingerprint};
 use levee_core::{
-    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, ReplicaSet, Rule,
-    RuleMode, Target,
+    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, MergeError, Millis, NodeIdx, ReplicaSet,
+    Rule, RuleMode, Target,
 };
 use levee_proto::{decode_id, encode_id};
 
@@ -35,6 +35,8 @@ pub struct SimStates {
     dirty: BTreeSet<Vec<u8>>,
     active: BTreeSet<Vec<u8>>,
     fingerprints: Fingerprints,
+    /// States refused because they name a node this node's list does not hold yet.
+    unknown_node: u64,
 }
 
 impl SimStates {
@@ -54,7 +56,15 @@ impl SimStates {
             dirty: BTreeSet::new(),
             active: BTreeSet::new(),
             fingerprints: Fingerprints::default(),
+            unknown_node: 0,
         }
+    }
+
+    /// How many peers' states of a key were refused because they name a node this node's
+    /// list does not hold yet (`MergeError::UnknownNode`: a peer that has reloaded relays
+    /// entries of a node added since, to a node that has not).
+    pub fn unknown_node_refusals(&self) -> u64 {
+        self.unknown_node
     }
 
     /// These states for a machine call made at `now` (the node's clock).
@@ -228,7 +238,12 @@ impl KeyStates for SimStates {
                 changed
             }
         }
-        .map_err(|e| Refused(e.to_string()))?;
+        .map_err(|e| {
+            if matches!(e, MergeError::UnknownNode { .. }) {
+                self.unknown_node += 1;
+            }
+            Refused(e.to_string())
+        })?;
         if changed {
             self.refresh_fingerprint(id);
         }
