@@ -315,7 +315,9 @@ mod tests {
         assert_eq!(s.share_at(10_500), 100);
         s.rebind(grown.replica_set(), 10_500);
         assert_eq!(s.share_at(10_500), 50, "a shrink applies at once");
-        assert_eq!(s.pending_growth(10_500), None);
+        // The new node's part (from nothing) waits; this node's stays 50.
+        assert_eq!(s.pending_growth(10_500), Some(12_000));
+        assert_eq!(s.share_at(12_000), 50);
         // The region-mate removed again: 100, from the window after next.
         s.rebind(grown.with_removed(2).replica_set(), 10_500);
         assert_eq!(s.share_at(10_999), 50);
