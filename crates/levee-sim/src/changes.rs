@@ -222,7 +222,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
     }
     let protocol = ProtocolParams::default();
     let half = (protocol.max_clock_skew / 2) as i64;
-    if scenario != Scenario::Grow {
+    if !matches!(scenario, Scenario::Grow | Scenario::GrowReordered) {
         // Removals and new weights need a region of two nodes or more.
         let r = rng.index(regions);
         topology.nodes_per_region[r] = topology.nodes_per_region[r].max(2);
