@@ -46,8 +46,11 @@ impl<'p, P: Clone> World<'p, P> {
         };
         World {
             plan,
-            up: vec![true; plan.topology.nodes()],
-            region_of: plan.topology.region_of(),
+            // Nodes added to the list later are down until they start.
+            up: (0..plan.positions())
+                .map(|n| n < plan.lists[0].len())
+                .collect(),
+            region_of: plan.node_regions(),
             net: SimNet::new(
                 &plan.topology,
                 params,
@@ -66,7 +69,12 @@ impl<'p, P: Clone> World<'p, P> {
                 FaultKind::Cut { from, to } => self.net.set_cut(from, to, true),
                 FaultKind::Mend { from, to } => self.net.set_cut(from, to, false),
                 FaultKind::Crash { node } => self.up[node] = false,
-                FaultKind::Restart { node, .. } => self.up[node] = true,
+                FaultKind::Restart { node, .. }
+                | FaultKind::Start { node, .. }
+                | FaultKind::Thaw { node } => self.up[node] = true,
+                FaultKind::Freeze { node } => self.up[node] = false,
+                // A region's part of the limit does not depend on its nodes.
+                FaultKind::Reload { .. } => {}
             }
             self.next_fault += 1;
         }

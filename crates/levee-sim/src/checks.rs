@@ -2,12 +2,13 @@
 //!
 //! | check | policy | what must hold |
 //! |---|---|---|
-//! | `strict-limit` | strict | admitted ≤ limit in every window of every key; where a crashed node's usage or gifts of a window it can still admit in had reached no node still alive when it pulled again (lost with the crash, as the design allows: "no counted usage is lost beyond the last gossip interval"), admitted ≤ limit + that loss, and the window is reported apart. State that live peers held but the restarted node did not get before deciding is no excuse |
+//! | `strict-limit` | strict | admitted ≤ limit in every window of every key (beyond the two allowances below); where a crashed node's usage or gifts of a window it can still admit in had reached no node still alive when it pulled again (lost with the crash, as the design allows: "no counted usage is lost beyond the last gossip interval"), admitted ≤ limit + that loss, and the window is reported apart. State that live peers held but the restarted node did not get before deciding is no excuse. A node removed while it was alive (frozen, then thawed with its old list) keeps its old share until it hears of its removal (docs/membership.md, *Removing a node that is not dead*): from the window it went on in to the one after it heard, admitted ≤ limit + its old share, and the window is reported apart |
 //! | `partition-cap` | strict | in a window wholly inside a detected symmetric partition, each side admits at most its share |
 //! | `partition-share` | strict | in such a window, a side whose demand reaches its share admits at least 95 % of it |
 //! | `retry-after` | strict | a check denied while the window's true tallies had room carries `retry_after_ms` ≤ [`levee_core::RIGHTS_RETRY_MS`] |
 //! | `heal-agreement` | strict | after a detected partition heals, every view of the probe key's consumption (what `/v1/usage` shows; see `heal.rs`) is equal within two gossip intervals plus one round trip |
 //! | `heal-never` | strict | … and they agree before the run ends at all |
+//! | `list-agreement` | strict | in a run whose node list changes, every running node of the last list runs it, sees it agreed, and spends its full share under it when the run ends; a removed node that runs (thawed) has no share |
 //! | `error`, `panic` | all | no frame fails to encode or decode, no decision is missing, nothing panics |
 //!
 //! Optimistic mode, whose overshoot under partitions the `optimistic-bound` and
@@ -25,8 +26,11 @@
 
 use std::fmt;
 
+use std::collections::BTreeMap;
+
 use crate::heal::HealFigure;
 use crate::ledger::{Ledger, WindowBook};
+use crate::levee::Ghost;
 use crate::plan::{Episode, RunPlan, T0};
 
 /// The four policies of the accuracy figure.
@@ -85,6 +89,9 @@ pub enum ViolationKind {
     /// with a retry-after longer than the time rights take to arrive
     /// ([`levee_core::RIGHTS_RETRY_MS`]).
     RetryAfter,
+    /// After membership changes, a running node did not end on the last list, agreed, with
+    /// its full share under it (or a removed node that runs still had a share).
+    ListAgreement,
     /// A frame failed to encode or decode, or a decision was missing.
     Error,
     /// The run panicked.
@@ -93,13 +100,14 @@ pub enum ViolationKind {
 
 impl ViolationKind {
     /// Every kind, for reports.
-    pub const ALL: [ViolationKind; 8] = [
+    pub const ALL: [ViolationKind; 9] = [
         ViolationKind::StrictLimit,
         ViolationKind::PartitionCap,
         ViolationKind::PartitionShare,
         ViolationKind::HealAgreement,
         ViolationKind::HealNever,
         ViolationKind::RetryAfter,
+        ViolationKind::ListAgreement,
         ViolationKind::Error,
         ViolationKind::Panic,
     ];
@@ -113,6 +121,7 @@ impl ViolationKind {
             ViolationKind::HealAgreement => "heal-agreement",
             ViolationKind::HealNever => "heal-never",
             ViolationKind::RetryAfter => "retry-after",
+            ViolationKind::ListAgreement => "list-agreement",
             ViolationKind::Error => "error",
             ViolationKind::Panic => "panic",
         }
@@ -146,13 +155,48 @@ fn rel(plan: &RunPlan, window: u64) -> u64 {
     window - T0 / plan.window_ms
 }
 
-/// Checks a Levee run. `errors` are the driver's own reports.
+/// By window, what removed nodes that went on with their old list may add to the limit
+/// (docs/membership.md, *Removing a node that is not dead*: it spends what it held until it
+/// hears of its removal, which its peers tell it at the first message they hear from it, or
+/// as soon as a cut heals): its old share, in every window from the one it went on in to
+/// the one after it heard, and no later than the one after [`hear_by`] (one window more
+/// either way for clock skew).
+pub fn ghost_allowance(plan: &RunPlan, ghosts: &[Ghost]) -> BTreeMap<u64, u64> {
+    let mut out = BTreeMap::new();
+    let w = |sim: u64| plan.window_of(T0 + sim);
+    for g in ghosts {
+        let by = hear_by(plan, g.thawed_at);
+        let heard = g.heard_at.map_or(by, |h| h.min(by));
+        for win in w(g.thawed_at).saturating_sub(1)..=w(heard) + 2 {
+            *out.entry(win).or_default() += g.share;
+        }
+    }
+    out
+}
+
+/// When a removed node that went on at `thawed_at` must have heard of its removal: a
+/// `suspect_after` after it went on or after the last cut under way then healed (its first
+/// message, the answer, and a margin for loss and jitter).
+pub fn hear_by(plan: &RunPlan, thawed_at: u64) -> u64 {
+    let healed = plan
+        .episodes
+        .iter()
+        .filter(|e| e.start <= thawed_at + plan.protocol.suspect_after && e.heal >= thawed_at)
+        .map(|e| e.heal)
+        .max()
+        .unwrap_or(thawed_at);
+    healed.max(thawed_at) + plan.protocol.suspect_after
+}
+
+/// Checks a Levee run. `errors` are the driver's own reports; `allowance`, what removed nodes
+/// that were alive could add to a window ([`ghost_allowance`]).
 pub fn check_levee(
     plan: &RunPlan,
     policy: Policy,
     ledger: &Ledger,
     heals: &[HealFigure],
     errors: &[String],
+    allowance: &BTreeMap<u64, u64>,
 ) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut push = |kind, detail: String| {
@@ -178,11 +222,12 @@ pub fn check_levee(
                 ),
             );
         }
+        let ghost = allowance.get(&w).copied().unwrap_or(0);
         match policy {
-            Policy::Strict if admitted > limit + book.forgotten => push(
+            Policy::Strict if admitted > limit + book.forgotten + ghost => push(
                 ViolationKind::StrictLimit,
                 format!(
-                    "key {name} window {}: admitted {admitted} > limit {limit} + usage lost with crashed nodes {} (state live peers held but a restarted node did not pull before deciding: {})",
+                    "key {name} window {}: admitted {admitted} > limit {limit} + usage lost with crashed nodes {} + old shares of removed nodes still running {ghost} (state live peers held but a restarted node did not pull before deciding: {})",
                     rel(plan, w),
                     book.forgotten,
                     book.unrecovered
@@ -191,7 +236,8 @@ pub fn check_levee(
             _ => {}
         }
     }
-    if !plan.has_crashes() {
+    // Shares move with the list: a side's cap is the first list's only without changes.
+    if !plan.has_crashes() && !plan.has_membership() {
         let limits = plan.region_limits();
         for ep in plan.episodes.iter().filter(|e| !e.sides.is_empty()) {
             for w in inside_windows(plan, ep) {

@@ -20,24 +20,28 @@
 //! assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
 //! ```
 //!
-//! Layout: [`plan`] (what a run is), [`scenario`] (how a seed becomes a plan),
+//! Layout: [`plan`] (what a run is), [`lists`] (its node lists), [`scenario`] (how a seed
+//! becomes a plan), [`changes`] (membership changes),
 //! [`workload`] (demand), [`net`] (the network), [`levee`] (the cluster under test),
 //! [`baselines`], [`ledger`] (what was admitted), [`heal`] (agreement after a heal),
-//! [`checks`], [`outcome`] (one run), [`summary`] and [`runner`] (many runs), [`table`]
+//! [`checks`], [`outcome`] (one run), [`summary`], [`settle`] (membership figures) and [`runner`] (many runs), [`table`]
 //! (the accuracy figure).
 
 pub mod baselines;
+pub mod changes;
 pub mod checks;
 pub mod demand;
 pub mod heal;
 pub mod ledger;
 pub mod levee;
+pub mod lists;
 pub mod net;
 pub mod outcome;
 pub mod plan;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod settle;
 pub mod summary;
 pub mod table;
 pub mod workload;

@@ -32,11 +32,14 @@ struct Cli {
     seed: Option<u64>,
     /// The scenario: steady, skewed, hot-region, bursts, many-keys, region-isolated,
     /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
-    /// back-to-back, light-keys (the demand set).
+    /// back-to-back, light-keys (the demand set); grow, remove-dead, reweight, frozen-removed,
+    /// churn (the membership set); removed-alive, grow-reordered (the findings set).
     #[arg(long)]
     scenario: Option<String>,
-    /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults) or
-    /// demand (long windows, low rates, moving demand).
+    /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults),
+    /// demand (long windows, low rates, moving demand) or membership (nodes added, removed,
+    /// re-weighted while partitions and crashes happen) or findings (scenarios that show open
+    /// findings of the production code: they fail).
     #[arg(long, default_value = "classic")]
     set: String,
     /// Print the accuracy table (markdown) of figure 8.
@@ -67,9 +70,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "unknown scenario {:?}; one of: {}",
                 cli.scenario.unwrap_or_default(),
-                Scenario::ALL
-                    .into_iter()
-                    .chain(Scenario::DEMAND)
+                Scenario::every()
                     .map(Scenario::name)
                     .collect::<Vec<_>>()
                     .join(", ")
@@ -82,8 +83,10 @@ fn main() -> ExitCode {
     let set: &'static [Scenario] = match cli.set.as_str() {
         "classic" => &Scenario::ALL,
         "demand" => &Scenario::DEMAND,
+        "membership" => &Scenario::MEMBERSHIP,
+        "findings" => &Scenario::FINDINGS,
         other => {
-            eprintln!("unknown --set {other:?}; one of: classic, demand");
+            eprintln!("unknown --set {other:?}; one of: classic, demand, membership, findings");
             return ExitCode::from(2);
         }
     };
@@ -133,10 +136,11 @@ fn main() -> ExitCode {
         batch.first_seed,
         batch.first_seed + seeds,
         scenario.map_or(
-            if cli.set == "demand" {
-                "every demand scenario"
-            } else {
-                "every scenario"
+            match cli.set.as_str() {
+                "demand" => "every demand scenario",
+                "membership" => "every membership scenario",
+                "findings" => "every scenario of open findings",
+                _ => "every scenario",
             },
             Scenario::name
         ),

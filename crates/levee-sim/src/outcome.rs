@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::panic::{self, AssertUnwindSafe};
 
 use crate::baselines::{run_central, run_shared_counter, run_static_split};
-use crate::checks::{Policy, Violation, ViolationKind, check_levee};
+use crate::checks::{Policy, Violation, ViolationKind, check_levee, ghost_allowance};
 use crate::heal::HealFigure;
 use crate::ledger::{Ledger, NodeRights};
-use crate::levee::run_levee;
+use crate::levee::{ListsFigure, run_levee};
 use crate::net::NetStats;
 use crate::plan::RunPlan;
 use crate::scenario::Scenario;
@@ -30,6 +30,8 @@ pub struct PolicyRun {
     pub rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
     /// Levee: every live node's state of the probe key at the end.
     pub probe_views: Vec<Option<KeyCrdt>>,
+    /// Levee: how the node lists settled.
+    pub lists: Option<ListsFigure>,
 }
 
 /// Every policy's run over one plan, and what failed.
@@ -92,8 +94,16 @@ fn run_policy(plan: &RunPlan, policy: Policy) -> (PolicyRun, Vec<Violation>) {
     match policy {
         Policy::Strict => {
             let r = run_levee(plan);
-            let violations = check_levee(plan, policy, &r.ledger, &r.heals, &r.errors);
+            let allowance = ghost_allowance(plan, &r.lists.ghosts);
+            let violations = check_levee(plan, policy, &r.ledger, &r.heals, &r.errors, &allowance);
             let mut violations = violations;
+            for d in &r.lists.disagreements {
+                violations.push(Violation {
+                    kind: ViolationKind::ListAgreement,
+                    policy,
+                    detail: d.clone(),
+                });
+            }
             if r.refused > 0 {
                 violations.push(Violation {
                     kind: ViolationKind::Error,
@@ -108,6 +118,7 @@ fn run_policy(plan: &RunPlan, policy: Policy) -> (PolicyRun, Vec<Violation>) {
                 net: Some(r.net),
                 rights: r.rights,
                 probe_views: r.probe_views,
+                lists: Some(r.lists),
             };
             (run, violations)
         }
@@ -124,6 +135,7 @@ fn run_policy(plan: &RunPlan, policy: Policy) -> (PolicyRun, Vec<Violation>) {
                 net: None,
                 rights: BTreeMap::new(),
                 probe_views: Vec::new(),
+                lists: None,
             };
             (run, vec![])
         }
@@ -224,6 +236,27 @@ pub fn restart_overshoot(plan: &RunPlan, run: &PolicyRun) -> (u64, u64) {
         if a > plan.limit && a <= plan.limit + b.forgotten {
             count += 1;
             max = max.max(a - plan.limit);
+        }
+    }
+    (count, max)
+}
+
+/// Strict mode: windows above the limit (and what crashes forgot) by no more than the old
+/// shares of removed nodes that went on with their old list: (count, largest excess in
+/// tokens).
+pub fn ghost_overshoot(plan: &RunPlan, run: &PolicyRun) -> (u64, u64) {
+    let Some(lists) = &run.lists else {
+        return (0, 0);
+    };
+    let allowance = ghost_allowance(plan, &lists.ghosts);
+    let mut count = 0;
+    let mut max = 0;
+    for (&(_, w), b) in &run.ledger.windows {
+        let a = b.admitted_total();
+        let base = plan.limit + b.forgotten;
+        if a > base && a <= base + allowance.get(&w).copied().unwrap_or(0) {
+            count += 1;
+            max = max.max(a - base);
         }
     }
     (count, max)

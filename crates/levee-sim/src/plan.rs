@@ -7,6 +7,7 @@
 use levee_core::hash::fnv1a;
 use levee_core::{ReplicaSet, ReplicaSpec};
 
+use crate::lists::NodeList;
 use crate::scenario::Scenario;
 
 /// Simulated time 0, in Unix milliseconds: a node's clock reads `T0 + sim time + offset`.
@@ -161,13 +162,52 @@ pub enum FaultKind {
         /// The node.
         node: usize,
     },
-    /// A crashed node starts again, empty, and pulls the cluster's state.
+    /// A crashed node starts again, empty, and pulls the cluster's state (with the latest
+    /// list its file holds: see [`FaultKind::Reload`]).
     Restart {
         /// The node.
         node: usize,
         /// Its clock offset after the restart, in ms.
         offset: i64,
     },
+    /// A node added to the list starts for the first time, with list `list` (or a later
+    /// one its file already holds), empty, and pulls the cluster's state.
+    Start {
+        /// The node (its position in every list from `list` on).
+        node: usize,
+        /// The index into [`RunPlan::lists`] it starts with.
+        list: usize,
+        /// Its clock offset, in ms.
+        offset: i64,
+    },
+    /// The operator writes list `list` into the node's file and reloads it
+    /// (`Cluster::change_list`). A node that is down or frozen reads it when it comes back;
+    /// a node whose file already holds a later list ignores it.
+    Reload {
+        /// The node.
+        node: usize,
+        /// The index into [`RunPlan::lists`].
+        list: usize,
+    },
+    /// The node stops processing (`SIGSTOP`): no timer fires, messages to it wait in its
+    /// sockets, the load balancer sends it nothing.
+    Freeze {
+        /// The node.
+        node: usize,
+    },
+    /// A frozen node goes on (`SIGCONT`) with the list it ran: it reads what waited in its
+    /// sockets first.
+    Thaw {
+        /// The node.
+        node: usize,
+    },
+}
+
+impl FaultKind {
+    /// Whether this is a change of membership (a node started or reloaded with a list).
+    pub fn is_membership(self) -> bool {
+        matches!(self, FaultKind::Start { .. } | FaultKind::Reload { .. })
+    }
 }
 
 /// A fault at a time.
@@ -239,8 +279,13 @@ pub struct RunPlan {
     pub window_ms: u64,
     /// How long the run lasts, ms.
     pub duration_ms: u64,
-    /// Every node's clock offset at the start, ms.
+    /// Every node's clock offset at the start, ms (nodes of the first list; a node added
+    /// later has its own in its [`FaultKind::Start`]).
     pub offsets: Vec<i64>,
+    /// Every version of the node list, in the order the operator publishes them: the
+    /// first is the topology's ([`NodeList::initial`]); runs without membership changes
+    /// have only that one.
+    pub lists: Vec<NodeList>,
     /// Cuts, mends, crashes and restarts, by time.
     pub faults: Vec<Fault>,
     /// The partitions, for the checks.
@@ -269,7 +314,9 @@ impl RunPlan {
     /// The largest absolute clock offset any node has during the run.
     pub fn max_offset(&self) -> i64 {
         let restarts = self.faults.iter().filter_map(|f| match f.kind {
-            FaultKind::Restart { offset, .. } => Some(offset.abs()),
+            FaultKind::Restart { offset, .. } | FaultKind::Start { offset, .. } => {
+                Some(offset.abs())
+            }
             _ => None,
         });
         self.offsets
@@ -285,6 +332,47 @@ impl RunPlan {
         self.faults
             .iter()
             .any(|f| matches!(f.kind, FaultKind::Crash { .. }))
+    }
+
+    /// Whether the node list changes during the run.
+    pub fn has_membership(&self) -> bool {
+        self.lists.len() > 1
+    }
+
+    /// The number of positions any list of the run has: every node that ever runs.
+    pub fn positions(&self) -> usize {
+        self.lists.iter().map(NodeList::len).max().unwrap_or(0)
+    }
+
+    /// The region of every position of the run (the last list has them all).
+    pub fn node_regions(&self) -> Vec<usize> {
+        let last = self.lists.iter().max_by_key(|l| l.len());
+        last.map(|l| l.entries.iter().map(|e| e.region).collect())
+            .unwrap_or_else(|| self.topology.region_of())
+    }
+
+    /// The list every node runs at the end: the last published.
+    pub fn final_list(&self) -> &NodeList {
+        self.lists.last().expect("a plan has a first list")
+    }
+
+    /// When the last membership change is made (sim ms; 0 without any).
+    pub fn last_change_at(&self) -> u64 {
+        self.faults
+            .iter()
+            .filter(|f| f.kind.is_membership())
+            .map(|f| f.at)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// When the first membership change is made, if any.
+    pub fn first_change_at(&self) -> Option<u64> {
+        self.faults
+            .iter()
+            .filter(|f| f.kind.is_membership())
+            .map(|f| f.at)
+            .min()
     }
 
     /// The key's home region for the central counter and the shared counter: a stable hash

@@ -46,6 +46,9 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
         plan.protocol.suspect_after,
         plan.protocol.anti_entropy_interval
     );
+    for (i, l) in plan.lists.iter().enumerate().skip(1) {
+        let _ = writeln!(s, "list {i}: {}", l.describe());
+    }
     for f in &plan.faults {
         let what = match f.kind {
             FaultKind::Cut { from, to } => format!("cut r{from} -> r{to}"),
@@ -54,6 +57,12 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             FaultKind::Restart { node, offset } => {
                 format!("restart node {node} (clock offset {offset} ms)")
             }
+            FaultKind::Start { node, list, offset } => {
+                format!("start new node {node} with list {list} (clock offset {offset} ms)")
+            }
+            FaultKind::Reload { node, list } => format!("reload node {node} with list {list}"),
+            FaultKind::Freeze { node } => format!("freeze node {node}"),
+            FaultKind::Thaw { node } => format!("thaw node {node}"),
         };
         let _ = writeln!(s, "  {:>6} ms  {what}", f.at);
     }

@@ -9,6 +9,7 @@
 use levee_testkit::rng::SeededRng;
 
 use crate::demand;
+use crate::lists::NodeList;
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, Request, RunPlan, Topology,
     WINDOW_MS,
@@ -50,6 +51,27 @@ pub enum Scenario {
     /// Hundreds of lightly used keys beside a few hot ones, on a minute's window
     /// ([`crate::demand::light_keys`]).
     LightKeys,
+    /// One or two nodes added to the list while the cluster runs ([`crate::changes`]).
+    Grow,
+    /// A node crashes and is then removed from the list.
+    RemoveDead,
+    /// The weights of a region's nodes change.
+    Reweight,
+    /// A node stops processing (`SIGSTOP`) long enough to be seen unreachable, is removed
+    /// everywhere, and only then goes on with its old list (docs/membership.md: the bound of
+    /// *Removing a node that is not dead*).
+    FrozenRemoved,
+    /// As [`Scenario::FrozenRemoved`], but the node may go on before every node has
+    /// reloaded, or after a freeze too short to be seen: a node removed while alive and
+    /// reachable. Not in a set that must pass: it shows an open finding (see
+    /// [`Scenario::FINDINGS`]).
+    RemovedAlive,
+    /// Nodes added, removed and re-weighted, the changes overlapping.
+    Churn,
+    /// As [`Scenario::Grow`], with the classic scenarios' jitter, reordering and duplication
+    /// on every link: frames between two nodes may overtake each other, which TCP never
+    /// lets them do. Not in a set that must pass (see [`Scenario::FINDINGS`]).
+    GrowReordered,
 }
 
 impl Scenario {
@@ -76,6 +98,34 @@ impl Scenario {
         Scenario::LightKeys,
     ];
 
+    /// The scenarios of membership changes (docs/membership.md), each with partitions and
+    /// crashes drawn beside its changes: run with `--set membership`.
+    pub const MEMBERSHIP: [Scenario; 5] = [
+        Scenario::Grow,
+        Scenario::RemoveDead,
+        Scenario::Reweight,
+        Scenario::FrozenRemoved,
+        Scenario::Churn,
+    ];
+
+    /// Scenarios that show open findings of the production code (`--set findings`): runs
+    /// fail there. [`Scenario::RemovedAlive`]: a node removed while it runs and reachable is
+    /// never told of its removal (its peers tell a removed node their list only when they
+    /// hear it again after it was unreachable), and spends its old share for ever.
+    /// [`Scenario::GrowReordered`]: a new node whose pull is answered before it hears any
+    /// peer's list (a frame overtaken) is synced with its full share under the new list,
+    /// and gives rights it does not have before it hears the lists that bound it.
+    pub const FINDINGS: [Scenario; 2] = [Scenario::RemovedAlive, Scenario::GrowReordered];
+
+    /// Every scenario of every set.
+    pub fn every() -> impl Iterator<Item = Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .chain(Scenario::DEMAND)
+            .chain(Scenario::MEMBERSHIP)
+            .chain(Scenario::FINDINGS)
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -93,15 +143,19 @@ impl Scenario {
             Scenario::FollowTheSun => "follow-the-sun",
             Scenario::BackToBack => "back-to-back",
             Scenario::LightKeys => "light-keys",
+            Scenario::Grow => "grow",
+            Scenario::RemoveDead => "remove-dead",
+            Scenario::Reweight => "reweight",
+            Scenario::FrozenRemoved => "frozen-removed",
+            Scenario::RemovedAlive => "removed-alive",
+            Scenario::GrowReordered => "grow-reordered",
+            Scenario::Churn => "churn",
         }
     }
 
     /// The scenario with this command-line name.
     pub fn from_name(name: &str) -> Option<Scenario> {
-        Scenario::ALL
-            .into_iter()
-            .chain(Scenario::DEMAND)
-            .find(|s| s.name() == name)
+        Scenario::every().find(|s| s.name() == name)
     }
 
     /// The scenario seed `seed` runs when none is named: seeds cycle through all of them.
@@ -122,8 +176,16 @@ impl Scenario {
         )
     }
 
+    /// Whether the scenario changes the node list.
+    pub fn membership(self) -> bool {
+        Scenario::MEMBERSHIP.contains(&self) || Scenario::FINDINGS.contains(&self)
+    }
+
     /// Draws this scenario's world, faults and demand from `seed`.
     pub fn plan(self, seed: u64) -> RunPlan {
+        if self.membership() {
+            return crate::changes::plan(self, seed);
+        }
         let mut rng = SeededRng::stream(seed, "plan");
         let regions = match self {
             Scenario::RegionIsolated => rng.range(3, 4) as usize,
@@ -148,6 +210,7 @@ impl Scenario {
                 Scenario::BackToBack => demand::back_to_back(&mut demand_rng, regions),
                 _ => demand::light_keys(&mut demand_rng, regions),
             };
+            let lists = vec![NodeList::initial(&topology)];
             return RunPlan {
                 seed,
                 scenario: self,
@@ -158,6 +221,7 @@ impl Scenario {
                 window_ms: d.window_ms,
                 duration_ms: d.duration_ms,
                 offsets,
+                lists,
                 faults: Vec::new(),
                 episodes: Vec::new(),
                 keys: d.keys,
@@ -329,6 +393,7 @@ impl Scenario {
             regions,
             &mut demand_rng,
         );
+        let lists = vec![NodeList::initial(&topology)];
         RunPlan {
             seed,
             scenario: self,
@@ -339,6 +404,7 @@ impl Scenario {
             window_ms: WINDOW_MS,
             duration_ms,
             offsets,
+            lists,
             faults,
             episodes,
             keys,
@@ -348,13 +414,13 @@ impl Scenario {
     }
 }
 
-fn round_up(ms: u64) -> u64 {
+pub(crate) fn round_up(ms: u64) -> u64 {
     ms.div_ceil(1_000) * 1_000
 }
 
 /// Regions with 1 to 3 nodes, usually equal weights, and a round trip of 30 to 300 ms
 /// between every two regions (1 ms one way inside a region).
-fn random_topology(rng: &mut SeededRng, regions: usize) -> Topology {
+pub(crate) fn random_topology(rng: &mut SeededRng, regions: usize) -> Topology {
     let nodes_per_region = (0..regions).map(|_| rng.range(1, 3) as usize).collect();
     let weights = if rng.chance(0.25) {
         (0..regions).map(|_| rng.range(1, 3) as u32).collect()
@@ -378,7 +444,7 @@ fn random_topology(rng: &mut SeededRng, regions: usize) -> Topology {
 }
 
 /// Jitter always; loss, duplication and reordering in about half the runs each.
-fn random_net(rng: &mut SeededRng) -> NetParams {
+pub(crate) fn random_net(rng: &mut SeededRng) -> NetParams {
     let mut maybe = |p: f64, max: f64| {
         if rng.chance(p) { max * rng.unit() } else { 0.0 }
     };
@@ -395,7 +461,7 @@ fn random_net(rng: &mut SeededRng) -> NetParams {
 }
 
 /// Cuts every pair at `from` and mends it at `to`.
-fn cut_between(faults: &mut Vec<Fault>, pairs: &[(usize, usize)], from: u64, to: u64) {
+pub(crate) fn cut_between(faults: &mut Vec<Fault>, pairs: &[(usize, usize)], from: u64, to: u64) {
     for &(a, b) in pairs {
         faults.push(Fault {
             at: from,
@@ -464,7 +530,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in Scenario::ALL.into_iter().chain(Scenario::DEMAND) {
+        for s in Scenario::every() {
             assert_eq!(Scenario::from_name(s.name()), Some(s));
         }
     }

@@ -5,9 +5,10 @@ use std::fmt::Write as _;
 
 use crate::checks::{Policy, ViolationKind};
 use crate::heal::HealFigure;
-use crate::outcome::{RunOutcome, overshoot, restart_overshoot, utilisation};
+use crate::outcome::{RunOutcome, ghost_overshoot, overshoot, restart_overshoot, utilisation};
 use crate::plan::RunPlan;
 use crate::scenario::Scenario;
+use crate::settle::{self, MembershipStats};
 
 /// Example runs kept per kind of violation.
 const EXAMPLES: usize = 5;
@@ -167,6 +168,13 @@ pub struct Summary {
     pub restart_windows: u64,
     /// The largest such excess.
     pub restart_excess: Option<Witness>,
+    /// Strict windows above the limit by no more than the old shares of removed nodes that
+    /// went on with their old list (`checks::ghost_allowance`).
+    pub ghost_windows: u64,
+    /// The largest such excess, as a fraction of the limit.
+    pub ghost_excess: Option<Witness>,
+    /// Membership changes, by scenario.
+    pub membership: BTreeMap<Scenario, MembershipStats>,
 }
 
 impl Summary {
@@ -203,6 +211,14 @@ impl Summary {
             }
             stats.heals.extend(run.heals.iter().copied());
             if run.policy == Policy::Strict {
+                let (count, max) = ghost_overshoot(plan, run);
+                self.ghost_windows += count;
+                if count > 0 {
+                    keep_max(
+                        &mut self.ghost_excess,
+                        witness(max as f64 / plan.limit as f64),
+                    );
+                }
                 let (count, max) = restart_overshoot(plan, run);
                 self.restart_windows += count;
                 if count > 0 {
@@ -212,6 +228,12 @@ impl Summary {
                     );
                 }
             }
+        }
+        if plan.has_membership() {
+            self.membership
+                .entry(plan.scenario)
+                .or_default()
+                .add(plan, outcome);
         }
         for v in &outcome.violations {
             *self.violations.entry((v.kind, v.policy)).or_default() += 1;
@@ -270,6 +292,13 @@ impl Summary {
         if let Some(w) = other.restart_excess {
             keep_max(&mut self.restart_excess, w);
         }
+        self.ghost_windows += other.ghost_windows;
+        if let Some(w) = other.ghost_excess {
+            keep_max(&mut self.ghost_excess, w);
+        }
+        for (sc, st) in &other.membership {
+            self.membership.entry(*sc).or_default().merge(st);
+        }
     }
 
     /// Number of violations of Levee's properties.
@@ -322,9 +351,7 @@ impl Summary {
             s,
             "  * windows whose demand reached the limit; max/p99/p50 of admitted/limit per window.\n    utilisation: admitted / central counter's admitted, from the third window, runs without\n    partitions or crashes (mean; p1 over runs; lowest single window where the central counter\n    admitted at least half the limit)."
         );
-        let scenarios: Vec<Scenario> = Scenario::ALL
-            .into_iter()
-            .chain(Scenario::DEMAND)
+        let scenarios: Vec<Scenario> = Scenario::every()
             .filter(|sc| {
                 self.policies
                     .values()
@@ -394,6 +421,21 @@ impl Summary {
                 w.scenario.name()
             ))
         );
+        if !self.membership.is_empty() {
+            let _ = writeln!(
+                s,
+                "strict: windows above the limit by no more than the old shares of removed nodes that went on with their old list (thawed): {}{}",
+                self.ghost_windows,
+                self.ghost_excess.map_or(String::new(), |w| format!(
+                    " (largest +{:.4} × limit, seed {} --scenario {})",
+                    w.value,
+                    w.seed,
+                    w.scenario.name()
+                ))
+            );
+            let _ = writeln!(s);
+            let _ = write!(s, "{}", settle::render(&self.membership));
+        }
         let _ = writeln!(s);
         let _ = writeln!(
             s,

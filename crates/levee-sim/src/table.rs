@@ -20,6 +20,7 @@ use std::fmt::Write as _;
 use levee_testkit::rng::SeededRng;
 
 use crate::checks::{Policy, ViolationKind};
+use crate::lists::NodeList;
 use crate::outcome::{RunOutcome, overshoot, run_plan, utilisation};
 use crate::plan::{
     Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, RunPlan, Topology, WINDOW_MS,
@@ -110,6 +111,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         regions,
         &mut demand_rng,
     );
+    let lists = vec![NodeList::initial(&topology)];
     RunPlan {
         seed,
         scenario,
@@ -123,6 +125,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         window_ms: WINDOW_MS,
         duration_ms,
         offsets,
+        lists,
         faults,
         episodes,
         keys,

@@ -192,7 +192,14 @@ fn the_checks_catch_an_overshoot_planted_in_a_ledger() {
     for i in 0..=plan.limit {
         ledger.admit(0, window, 0, (i % 2) as usize);
     }
-    let found = check_levee(&plan, Policy::Strict, &ledger, &[], &[]);
+    let found = check_levee(
+        &plan,
+        Policy::Strict,
+        &ledger,
+        &[],
+        &[],
+        &Default::default(),
+    );
     let kinds: BTreeSet<ViolationKind> = found.iter().map(|v| v.kind).collect();
     assert_eq!(kinds, BTreeSet::from([ViolationKind::StrictLimit]));
 }

@@ -1,5 +1,6 @@
 //! Levee itself in the simulator: every node is a production [`Cluster`] state machine with
-//! its [`MemoryStates`], driven tick by tick on its own skewed clock, exchanging real frames
+//! its key states ([`SimStates`]: `levee_cluster::memory::MemoryStates` with the node's
+//! rebinding of its rule), driven tick by tick on its own skewed clock, exchanging real frames
 //! (`levee_proto::encode_frame` / `decode_frame`) over the simulated network.
 //!
 //! ## How a request is decided
@@ -13,16 +14,23 @@
 //! owner crashed, or the message or its answer was lost) the receiving node decides alone
 //! too, as a node does; the owner may then have admitted the check as well.
 //!
+//! ## Membership
+//!
+//! Every node binds its rule to its own machine's [`Cluster::spending`] and rebinds it on
+//! `Event::SharesChanged`, a grown share waiting as the node's does ([`SimStates`]). A node
+//! added to the list starts with [`FaultKind::Start`]; a reload is [`Cluster::change_list`];
+//! a message from a node the receiver's list does not hold is dropped, as the node's
+//! transport drops frames from an id it does not know. See [`members`].
+//!
 //! ## Crashes
 //!
-//! A crash clears the node's [`MemoryStates`] and drops everything sent to it; a restart
+//! A crash clears the node's [`SimStates`] and drops everything sent to it; a restart
 //! builds a new [`Cluster`] with [`Cluster::new`] (which asks every peer for a full pull; the
 //! node is `recovering` until one answers) and a new connection generation, so messages
 //! meant for the old process are lost.
 
 use std::collections::{BTreeMap, HashMap};
 
-use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Route};
 use levee_core::Decision;
 use levee_core::{KeyCrdt, Lattice, NodeIdx, ReplicaSet, Rule, RuleSpec};
@@ -34,9 +42,13 @@ use crate::ledger::{Ledger, NodeRights};
 use crate::net::{NetStats, SimNet};
 use crate::plan::{FaultKind, RULE, RunPlan, T0};
 
+pub mod members;
 mod network;
 mod requests;
+mod states;
 mod watch;
+pub use members::{Ghost, ListsFigure};
+pub use states::SimStates;
 pub use watch::dominates;
 
 /// What a run of Levee produced.
@@ -48,7 +60,9 @@ pub struct LeveeResult {
     pub heals: Vec<HealFigure>,
     /// What the network did.
     pub net: NetStats,
-    /// Frames or states the clusters refused (should be none: every frame is well formed).
+    /// Frames or states the clusters refused (should be none: every frame is well formed),
+    /// beside states naming a node the receiver does not list yet
+    /// ([`ListsFigure::unknown_node_states`]).
     pub refused: u64,
     /// Anything that should never happen (a frame that fails to encode or decode, an
     /// unknown rule): reported as failures.
@@ -58,6 +72,8 @@ pub struct LeveeResult {
     pub rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
     /// Every live node's state of the probe key when the run ended (for a replay's report).
     pub probe_views: Vec<Option<KeyCrdt>>,
+    /// The node lists: how the runs' changes settled, and where they stood at the end.
+    pub lists: ListsFigure,
 }
 
 /// How long a forwarded check may wait for its owner, as a node has it.
@@ -72,9 +88,16 @@ pub fn rule(limit: u64, window_ms: u64) -> Rule {
 
 struct SimNode {
     cluster: Cluster,
-    states: MemoryStates,
+    states: SimStates,
     offset: i64,
+    /// Running (started, not crashed).
     up: bool,
+    /// Stopped (`SIGSTOP`): no timer, messages wait in `inbox`.
+    frozen: bool,
+    /// Messages that arrived while frozen: (sender, frame).
+    inbox: Vec<(usize, Vec<u8>)>,
+    /// The index of the latest list written into its file (what it reads when it starts).
+    file: usize,
     incarnation: u32,
     synced: bool,
     /// Own entries at the last crash, by (key, window): (consumed, given), kept until the
@@ -84,8 +107,11 @@ struct SimNode {
 
 struct Driver<'p> {
     plan: &'p RunPlan,
-    replicas: ReplicaSet,
+    /// Every list of the plan, built once.
+    sets: Vec<ReplicaSet>,
     members: Vec<Vec<usize>>,
+    /// Every position's region.
+    region_of: Vec<usize>,
     nodes: Vec<SimNode>,
     net: SimNet<Vec<u8>>,
     route_rng: SeededRng,
@@ -94,8 +120,11 @@ struct Driver<'p> {
     watches: Vec<HealWatch>,
     errors: Vec<String>,
     now: u64,
-    split: Vec<u64>,
     epoch_seen: Vec<u64>,
+    lists: ListsFigure,
+    /// Frames or states refused by the machines of processes that ended (restarted), beside
+    /// states naming a node not listed yet.
+    refused: u64,
     rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
     /// Checks forwarded and not yet answered, by (forwarding node, batch id): the region
     /// they were asked in and the key.
@@ -113,9 +142,10 @@ pub fn run_levee(plan: &RunPlan) -> LeveeResult {
 
 impl<'p> Driver<'p> {
     fn new(plan: &'p RunPlan) -> Driver<'p> {
-        let replicas = plan.topology.replica_set();
-        let region_of = plan.topology.region_of();
+        let sets: Vec<ReplicaSet> = plan.lists.iter().map(|l| l.replica_set()).collect();
+        let region_of = plan.node_regions();
         let n = region_of.len();
+        let offset = |i: usize| plan.offsets.get(i).copied().unwrap_or(0);
         let mut phase_rng = SeededRng::stream(plan.seed, "phase");
         let phase = (0..n)
             .map(|_| phase_rng.below(plan.protocol.gossip_interval))
@@ -128,9 +158,14 @@ impl<'p> Driver<'p> {
             // gives the same network as before.
             SeededRng::stream(plan.seed, "strict"),
         );
+        let mut members = vec![Vec::new(); plan.topology.regions()];
+        for (i, &r) in region_of.iter().enumerate() {
+            members[r].push(i);
+        }
         let mut d = Driver {
             plan,
-            members: plan.topology.members(),
+            members,
+            region_of: region_of.clone(),
             nodes: Vec::with_capacity(n),
             net,
             route_rng: SeededRng::stream(plan.seed, "route"),
@@ -139,12 +174,11 @@ impl<'p> Driver<'p> {
             watches: Vec::new(),
             errors: Vec::new(),
             now: 0,
-            split: replicas.split(plan.limit),
-            epoch_seen: plan
-                .offsets
-                .iter()
-                .map(|&o| plan.window_of((T0 as i64 + o) as u64))
+            epoch_seen: (0..n)
+                .map(|i| plan.window_of((T0 as i64 + offset(i)) as u64))
                 .collect(),
+            lists: ListsFigure::default(),
+            refused: 0,
             rights: BTreeMap::new(),
             forwarded: BTreeMap::new(),
             key_index: plan
@@ -153,27 +187,32 @@ impl<'p> Driver<'p> {
                 .enumerate()
                 .map(|(i, k)| (k.clone(), i as u32))
                 .collect(),
-            replicas,
+            sets,
         };
+        let first = plan.lists[0].len();
         for i in 0..n {
-            let offset = plan.offsets[i];
-            let cluster = Cluster::new(d.config(i), d.clock_at(offset));
-            let states = MemoryStates::new(
+            // A node added later is built with the last list, and down until it starts.
+            let list = if i < first { 0 } else { plan.lists.len() - 1 };
+            let cluster = Cluster::new(d.config(i, list), d.clock_at(offset(i)));
+            let states = SimStates::new(
                 NodeIdx(i as u16),
-                d.replicas.clone(),
-                vec![rule(plan.limit, plan.window_ms)],
+                cluster.spending(),
+                rule(plan.limit, plan.window_ms),
             );
             d.nodes.push(SimNode {
                 synced: cluster.is_synced(),
                 cluster,
                 states,
-                offset,
-                up: true,
+                offset: offset(i),
+                up: i < first,
+                frozen: false,
+                inbox: Vec::new(),
+                file: list,
                 incarnation: 0,
                 crash_memory: BTreeMap::new(),
             });
         }
-        for i in 0..n {
+        for i in 0..first {
             d.flush(i);
         }
         d
@@ -181,12 +220,13 @@ impl<'p> Driver<'p> {
 
     /// Node `me`'s configuration for a machine started now: its gossip intervals end on
     /// its seeded phase (sim ms ≡ `phase[me]` modulo the interval), whenever it starts.
-    fn config(&self, me: usize) -> ClusterConfig {
+    /// Node `me`'s configuration with list `list` of the plan.
+    fn config(&self, me: usize, list: usize) -> ClusterConfig {
         let p = &self.plan.protocol;
         let g = p.gossip_interval;
         ClusterConfig {
             me: NodeIdx(me as u16),
-            replicas: self.replicas.clone(),
+            replicas: self.sets[list].clone(),
             gossip_interval: g,
             suspect_after: p.suspect_after,
             anti_entropy_interval: p.anti_entropy_interval,
@@ -218,9 +258,9 @@ impl<'p> Driver<'p> {
             self.deliver();
             for n in 0..self.nodes.len() {
                 let t = self.clock(n);
-                if self.nodes[n].up && t >= self.nodes[n].cluster.poll_timeout() {
-                    let node = &mut self.nodes[n];
-                    node.cluster.handle_timeout(t, &mut node.states);
+                let node = &mut self.nodes[n];
+                if node.up && !node.frozen && t >= node.cluster.poll_timeout() {
+                    node.cluster.handle_timeout(t, node.states.at(t));
                     self.flush(n);
                 }
             }
@@ -232,6 +272,7 @@ impl<'p> Driver<'p> {
             }
             self.watch();
             self.note_windows();
+            self.note_lists();
         }
     }
 
@@ -254,13 +295,14 @@ impl<'p> Driver<'p> {
         {
             let me = NodeIdx(n as u16);
             let node = &self.nodes[n];
+            let split = node.states.share_at(self.clock(n));
             let slot = node
                 .states
                 .state(RULE, &self.plan.keys[0])
                 .and_then(|c| c.slot(done));
             let r = NodeRights {
                 up: node.up,
-                split: self.split[n],
+                split,
                 received: slot.map_or(0, |s| s.transfers.received_by(me)),
                 given: slot.map_or(0, |s| s.transfers.given_by(me)),
                 consumed: slot
@@ -281,7 +323,11 @@ impl<'p> Driver<'p> {
                 self.note_rights(n, e);
             }
         }
-        let refused = self.nodes.iter().map(|n| n.cluster.refused()).sum();
+        for n in 0..self.nodes.len() {
+            self.retire(n);
+        }
+        let refused = self.refused;
+        self.end_lists();
         let probe_views = match self.plan.probe {
             Some(p) => self
                 .nodes
@@ -301,6 +347,7 @@ impl<'p> Driver<'p> {
             errors: self.errors,
             rights: self.rights,
             probe_views,
+            lists: self.lists,
         }
     }
 }

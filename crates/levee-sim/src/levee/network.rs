@@ -33,21 +33,58 @@ impl<'p> Driver<'p> {
                 n.crash_memory = memory;
                 n.states.clear();
                 n.up = false;
+                n.frozen = false;
+                n.inbox.clear();
             }
             FaultKind::Restart { node, offset } => {
                 if self.nodes[node].up {
                     return;
                 }
-                self.nodes[node].offset = offset;
-                let cluster = Cluster::new(self.config(node), self.clock(node));
-                let n = &mut self.nodes[node];
-                n.synced = cluster.is_synced();
-                n.cluster = cluster;
-                n.up = true;
-                n.incarnation += 1;
-                self.flush(node);
+                let list = self.nodes[node].file;
+                self.start(node, list, offset);
             }
+            FaultKind::Start { node, list, offset } => {
+                if self.nodes[node].up {
+                    return;
+                }
+                let list = list.max(self.nodes[node].file);
+                self.start(node, list, offset);
+            }
+            FaultKind::Reload { node, list } => self.reload(node, list),
+            FaultKind::Freeze { node } => self.nodes[node].frozen = true,
+            FaultKind::Thaw { node } => self.thaw(node),
         }
+    }
+
+    /// Node `node` starts (again), empty, with list `list`: a new process, a new connection
+    /// generation, its rule bound to its configuration's list.
+    pub(super) fn start(&mut self, node: usize, list: usize, offset: i64) {
+        self.retire(node);
+        self.nodes[node].offset = offset;
+        let cluster = Cluster::new(self.config(node, list), self.clock(node));
+        let states = SimStates::new(
+            NodeIdx(node as u16),
+            cluster.spending(),
+            rule(self.plan.limit, self.plan.window_ms),
+        );
+        let n = &mut self.nodes[node];
+        n.synced = cluster.is_synced();
+        n.cluster = cluster;
+        n.states = states;
+        n.file = list;
+        n.up = true;
+        n.frozen = false;
+        n.inbox.clear();
+        n.incarnation += 1;
+        self.flush(node);
+    }
+
+    /// Counts what the process of node `n` refused before it is replaced or the run ends.
+    pub(super) fn retire(&mut self, n: usize) {
+        let node = &self.nodes[n];
+        let unknown = node.states.unknown_node_refusals();
+        self.lists.unknown_node_states += unknown;
+        self.refused += node.cluster.refused().saturating_sub(unknown);
     }
 
     /// Hands every message node `n` queued to the network, through the real codec, and acts
@@ -60,6 +97,12 @@ impl<'p> Driver<'p> {
             };
             match event {
                 Event::Synced => self.note_sync(n),
+                Event::SharesChanged => {
+                    // As the node does: bind the rule to the machine's current list.
+                    let t = self.clock(n);
+                    let node = &mut self.nodes[n];
+                    node.states.rebind(node.cluster.spending(), t);
+                }
                 Event::ForwardReceived { from, id, checks } => {
                     self.decide_forwarded(n, from, id, &checks);
                 }
@@ -97,19 +140,33 @@ impl<'p> Driver<'p> {
             if !self.nodes[to].up || self.nodes[to].incarnation != m.incarnation {
                 continue;
             }
-            let msg = match decode_frame(&m.payload) {
-                Ok(msg) => msg,
-                Err(e) => {
-                    self.errors.push(format!("node {to}: decode failed: {e}"));
-                    continue;
-                }
-            };
-            let t = self.clock(to);
-            let node = &mut self.nodes[to];
-            node.cluster
-                .handle_message(NodeIdx(m.from as u16), msg, t, &mut node.states);
-            self.flush(to);
+            if self.nodes[to].frozen {
+                self.nodes[to].inbox.push((m.from, m.payload));
+                continue;
+            }
+            self.receive(to, m.from, &m.payload);
         }
+    }
+
+    /// Node `to` reads a frame from `from`: dropped if its list does not hold `from` (the
+    /// node's transport does not know that id), handed to its machine otherwise.
+    pub(super) fn receive(&mut self, to: usize, from: usize, payload: &[u8]) {
+        if from >= self.nodes[to].cluster.lists().current().len() {
+            self.lists.unknown_sender += 1;
+            return;
+        }
+        let msg = match decode_frame(payload) {
+            Ok(msg) => msg,
+            Err(e) => {
+                self.errors.push(format!("node {to}: decode failed: {e}"));
+                return;
+            }
+        };
+        let t = self.clock(to);
+        let node = &mut self.nodes[to];
+        node.cluster
+            .handle_message(NodeIdx(from as u16), msg, t, node.states.at(t));
+        self.flush(to);
     }
 
     /// When a restarted node has pulled, measures what it forgot, in two parts: what no live

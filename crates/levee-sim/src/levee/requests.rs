@@ -9,7 +9,7 @@ impl<'p> Driver<'p> {
         let live: Vec<usize> = self.members[region]
             .iter()
             .copied()
-            .filter(|&n| self.nodes[n].up)
+            .filter(|&n| self.nodes[n].up && !self.nodes[n].frozen)
             .collect();
         if live.is_empty() {
             // Nobody to ask: the request fails.
@@ -82,7 +82,7 @@ impl<'p> Driver<'p> {
         id: ForwardId,
         checks: &[ForwardCheck],
     ) {
-        let region = self.plan.topology.region_of()[n];
+        let region = self.region_of[n];
         let mut decisions = Vec::with_capacity(checks.len());
         for c in checks {
             let decision = match self.key_index.get(c.key.as_str()) {

@@ -1,0 +1,328 @@
+//! One simulated node's key states, with its rule bound as the node binds it.
+//!
+//! [`levee_cluster::memory::MemoryStates`] binds its rules once, to the list it is built
+//! with. A node whose list changes rebinds its rules to [`levee_cluster::Cluster::spending`]
+//! whenever its machine reports `Event::SharesChanged`, and a share that grows waits
+//! (`levee-node`'s `RuleSet::rebound`: the rule held down in force until the time
+//! [`Rule::bind_no_higher`] returns, the fully bound rule from then on,
+//! `RuleEntry::rule_at`). [`SimStates`] is `MemoryStates` with that rebinding: the same
+//! core calls (decide, merge, rebalance, deltas) on the rule as bound at the node's clock,
+//! and the spending list as the decisions' replica set, as the node's `NodeStates` does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use levee_cluster::{Fingerprints, KeyStates, Refused, key_fingerprint};
+use levee_core::{
+    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, MergeError, Millis, NodeIdx, ReplicaSet,
+    Rule, RuleMode, Target,
+};
+use levee_proto::{decode_id, encode_id};
+
+/// Key states of one simulated node, its rule bound to its machine's spending list.
+pub struct SimStates {
+    me: NodeIdx,
+    /// The list decisions spend by: the machine's `spending()` at the last rebinding.
+    replicas: ReplicaSet,
+    /// The rule as configured (unbound).
+    base: Rule,
+    /// The rule in force: bound to `replicas`, or held down where a share grew.
+    rule: Rule,
+    /// The rule bound to `replicas` in full and when it replaces `rule`.
+    later: Option<(Millis, Rule)>,
+    /// The node's clock at the machine call under way (what `update_active` binds at).
+    now: Millis,
+    keys: BTreeMap<Vec<u8>, KeyState>,
+    dirty: BTreeSet<Vec<u8>>,
+    active: BTreeSet<Vec<u8>>,
+    fingerprints: Fingerprints,
+    /// States refused because they name a node this node's list does not hold yet.
+    unknown_node: u64,
+}
+
+impl SimStates {
+    /// Empty states of node `me`, its rule `base` bound to `spending` (as a node that
+    /// starts binds its rules to its configuration's list).
+    pub fn new(me: NodeIdx, spending: ReplicaSet, base: Rule) -> SimStates {
+        let mut rule = base.clone();
+        rule.bind(&spending);
+        SimStates {
+            me,
+            replicas: spending,
+            base,
+            rule,
+            later: None,
+            now: 0,
+            keys: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            active: BTreeSet::new(),
+            fingerprints: Fingerprints::default(),
+            unknown_node: 0,
+        }
+    }
+
+    /// How many peers' states of a key were refused because they name a node this node's
+    /// list does not hold yet (`MergeError::UnknownNode`: a peer that has reloaded relays
+    /// entries of a node added since, to a node that has not).
+    pub fn unknown_node_refusals(&self) -> u64 {
+        self.unknown_node
+    }
+
+    /// These states for a machine call made at `now` (the node's clock).
+    pub fn at(&mut self, now: Millis) -> &mut SimStates {
+        self.now = now;
+        self
+    }
+
+    /// The rule as bound at `now`.
+    pub fn rule_at(&self, now: Millis) -> &Rule {
+        match &self.later {
+            Some((at, rule)) if now >= *at => rule,
+            _ => &self.rule,
+        }
+    }
+
+    /// When a grown share applies, if one still waits at `now`.
+    pub fn pending_growth(&self, now: Millis) -> Option<Millis> {
+        self.later
+            .as_ref()
+            .map(|(at, _)| *at)
+            .filter(|&at| now < at)
+    }
+
+    /// This node's part of the rule's limit at `now`.
+    pub fn share_at(&self, now: Millis) -> u64 {
+        self.rule_at(now)
+            .split
+            .get(usize::from(self.me.0))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The list decisions spend by.
+    pub fn spending(&self) -> &ReplicaSet {
+        &self.replicas
+    }
+
+    /// Binds the rule to `spending` at `now`, as `RuleSet::rebound` does on
+    /// `Event::SharesChanged`: no node's part above what the rule in force gives it, the full
+    /// binding from when [`Rule::bind_no_higher`] says (a share that shrinks does at once).
+    pub fn rebind(&mut self, spending: ReplicaSet, now: Millis) {
+        if self.replicas == spending {
+            return;
+        }
+        let old = self.rule_at(now).clone();
+        let mut bound = self.base.clone();
+        bound.bind(&spending);
+        let mut rule = self.base.clone();
+        rule.split.clone_from(&old.split);
+        for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
+            c.split.clone_from(&was.split);
+        }
+        self.later = rule.bind_no_higher(&spending, now).map(|at| (at, bound));
+        self.rule = rule;
+        self.replicas = spending;
+    }
+
+    /// Forgets every key (a crash that loses what was not synchronised).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.dirty.clear();
+        self.active.clear();
+        self.fingerprints.clear();
+    }
+
+    /// Decides one check of `rule` for `key` at `now`; `None` if the rule is unknown or the
+    /// cost can never be granted.
+    pub fn decide(
+        &mut self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Millis,
+        view: ClusterView,
+    ) -> Option<Decision> {
+        if rule != self.base.name {
+            return None;
+        }
+        let bound = match &self.later {
+            Some((at, r)) if now >= *at => r,
+            _ => &self.rule,
+        };
+        let target = bound.target(None, cost).ok()?;
+        let mut id = Vec::new();
+        encode_id(&mut id, &bound.name, target.bucket, key);
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view,
+        };
+        let d = self.keys.entry(id.clone()).or_default().decide(
+            &target,
+            RuleMode::Enforce,
+            cost,
+            false,
+            &ctx,
+        );
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
+        Some(d)
+    }
+
+    /// A key's replicated state, if held.
+    pub fn state(&self, rule: &str, key: &str) -> Option<&KeyCrdt> {
+        let mut id = Vec::new();
+        encode_id(&mut id, rule, None, key);
+        self.keys.get(&id).map(KeyState::crdt)
+    }
+
+    fn rule_of(&self, id: &[u8]) -> Option<&Rule> {
+        let (rule, _, _) = decode_id(id)?;
+        (rule == self.base.name).then(|| self.rule_at(self.now))
+    }
+
+    fn refresh_fingerprint(&mut self, id: &[u8]) {
+        let retained = self
+            .rule_of(id)
+            .map_or(1, |r| r.algorithm.retained_epochs());
+        let fp = self
+            .keys
+            .get(id)
+            .map(|s| key_fingerprint(id, s.crdt(), retained));
+        self.fingerprints.set(id, fp);
+    }
+}
+
+impl KeyStates for SimStates {
+    fn drain_deltas(&mut self, max: usize) -> Vec<(Vec<u8>, KeyCrdt)> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(id) = self.dirty.pop_first() else {
+                break;
+            };
+            let delta = self.keys.get_mut(&id).and_then(|s| s.take_delta(self.me));
+            self.refresh_fingerprint(&id);
+            if let Some(delta) = delta {
+                out.push((id, delta));
+            }
+        }
+        out
+    }
+
+    fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused> {
+        let (rule_name, bucket, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
+        if rule_name != self.base.name {
+            return Err(Refused("unknown rule".into()));
+        }
+        let bound = match &self.later {
+            Some((at, r)) if now >= *at => r,
+            _ => &self.rule,
+        };
+        let target = bound
+            .target_of_bucket(bucket)
+            .ok_or_else(|| Refused("unknown class".into()))?;
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view: ClusterView::alone(),
+        };
+        let changed = match self.keys.get_mut(id) {
+            Some(key) => key.merge(state, &target, &ctx),
+            None => {
+                let mut key = KeyState::new();
+                let changed = key.merge(state, &target, &ctx);
+                if changed.is_ok() {
+                    self.keys.insert(id.to_vec(), key);
+                }
+                changed
+            }
+        }
+        .map_err(|e| {
+            if matches!(e, MergeError::UnknownNode { .. }) {
+                self.unknown_node += 1;
+            }
+            Refused(e.to_string())
+        })?;
+        if changed {
+            self.refresh_fingerprint(id);
+        }
+        self.active.insert(id.to_vec());
+        Ok(())
+    }
+
+    fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64)) {
+        for (id, state) in &self.keys {
+            let oldest = self.rule_of(id).map_or(0, |r| {
+                let e = r.algorithm.epoch(now);
+                e.saturating_sub(r.algorithm.retained_epochs() - 1)
+            });
+            f(id, state.crdt(), oldest);
+        }
+    }
+
+    fn digest(&mut self, _now: Millis) -> Vec<u64> {
+        self.fingerprints.buckets()
+    }
+
+    fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
+        self.keys.get(id).map(|s| s.crdt().clone())
+    }
+
+    fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
+        let active = std::mem::take(&mut self.active);
+        let bound = match &self.later {
+            Some((at, r)) if self.now >= *at => r,
+            _ => &self.rule,
+        };
+        for id in active {
+            let Some((rule, bucket, _)) = decode_id(&id) else {
+                continue;
+            };
+            if rule != bound.name {
+                continue;
+            }
+            let Some(target) = bound.target_of_bucket(bucket) else {
+                continue;
+            };
+            let Some(state) = self.keys.get_mut(&id) else {
+                continue;
+            };
+            f(&id, state, &target);
+            self.dirty.insert(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::levee::rule;
+    use crate::lists::NodeList;
+    use crate::plan::Topology;
+
+    #[test]
+    fn a_share_that_shrinks_applies_at_once_and_one_that_grows_waits_for_the_window_after_next() {
+        let t = Topology {
+            nodes_per_region: vec![1, 1],
+            weights: vec![1, 1],
+            one_way_ms: vec![vec![1, 50], vec![50, 1]],
+        };
+        let first = NodeList::initial(&t);
+        let grown = first.with_added(0);
+        // Node 0 of region 0: 100 of 200; with a region-mate, 50.
+        let mut s = SimStates::new(NodeIdx(0), first.replica_set(), rule(200, 1_000));
+        assert_eq!(s.share_at(10_500), 100);
+        s.rebind(grown.replica_set(), 10_500);
+        assert_eq!(s.share_at(10_500), 50, "a shrink applies at once");
+        // The new node's part (from nothing) waits; this node's stays 50.
+        assert_eq!(s.pending_growth(10_500), Some(12_000));
+        assert_eq!(s.share_at(12_000), 50);
+        // The region-mate removed again: 100, from the window after next.
+        s.rebind(grown.with_removed(2).replica_set(), 10_500);
+        assert_eq!(s.share_at(10_999), 50);
+        assert_eq!(s.pending_growth(10_500), Some(12_000));
+        assert_eq!(s.share_at(11_999), 50);
+        assert_eq!(s.share_at(12_000), 100);
+    }
+}
