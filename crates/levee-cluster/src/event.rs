@@ -20,10 +20,13 @@ pub enum Event {
     /// This node has pulled the cluster's state (or found nobody to pull from): it may be
     /// marked ready. Reported once per [`crate::Cluster::new`].
     Synced,
-    /// The list decisions spend by changed ([`crate::Cluster::spending`]): a membership
-    /// change was made here or reported by a peer, or agreed. The driver rebinds its rules to
-    /// the machine's current one (read it then: events may be dispatched out of order).
-    SharesChanged,
+    /// The list decisions spend by changed ([`crate::Cluster::spending`]) to this one: a
+    /// membership change was made here or reported by a peer, or agreed. The driver binds its
+    /// rules to every such list in order, then to the machine's current one (events may be
+    /// dispatched out of order): a share that shrank and grew again within one batch of
+    /// events must be seen to grow, so that the growth waits
+    /// (`levee_core::Rule::bind_no_higher`).
+    SharesChanged(levee_core::ReplicaSet),
     /// What decisions should assume about the cluster changed; the driver hands the new view
     /// to its decision path. Reported at most once per `handle_*` call.
     ViewChanged(ClusterView),

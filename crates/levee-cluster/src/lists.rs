@@ -248,6 +248,16 @@ impl Lists {
         }
     }
 
+    /// Whether a live peer said, last, another list than this node's or lists that still
+    /// bound its shares: its change has not settled, and it may wait for this node's word.
+    pub fn peers_settling(&self) -> bool {
+        let mine = self.current.digest();
+        self.current.nodes().filter(|&n| n != self.me).any(|n| {
+            self.report(n)
+                .is_some_and(|r| r.list.digest() != mine || !r.floors.is_empty())
+        })
+    }
+
     /// What node `n` last said of its lists, if anything (and it still counts).
     pub fn report(&self, n: NodeIdx) -> Option<&Report> {
         self.reported.get(usize::from(n.0)).and_then(Option::as_ref)

@@ -74,6 +74,8 @@ pub(crate) struct PeerLink {
     pub(crate) budget: usize,
     /// While it does not hear us: the keys it misses.
     pub(crate) missed: MissedKeys,
+    /// Removed from this node's list and still speaking: when it was last told the list.
+    pub(crate) told_removed: Millis,
 }
 
 impl Default for PeerLink {
@@ -83,6 +85,7 @@ impl Default for PeerLink {
             heard_ms: 0,
             acked_ms: 0,
             caught_up: 0,
+            told_removed: 0,
             deferred: false,
             queue: VecDeque::new(),
             queued: HashSet::new(),

@@ -33,13 +33,12 @@ struct Cli {
     /// The scenario: steady, skewed, hot-region, bursts, many-keys, region-isolated,
     /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
     /// back-to-back, light-keys (the demand set); grow, remove-dead, reweight, frozen-removed,
-    /// churn (the membership set); removed-alive, grow-reordered (the findings set).
+    /// churn, removed-alive, grow-reordered (the membership set).
     #[arg(long)]
     scenario: Option<String>,
     /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults),
     /// demand (long windows, low rates, moving demand) or membership (nodes added, removed,
-    /// re-weighted while partitions and crashes happen) or findings (scenarios that show open
-    /// findings of the production code: they fail).
+    /// re-weighted while partitions and crashes happen).
     #[arg(long, default_value = "classic")]
     set: String,
     /// Print the accuracy table (markdown) of figure 8.
@@ -84,9 +83,8 @@ fn main() -> ExitCode {
         "classic" => &Scenario::ALL,
         "demand" => &Scenario::DEMAND,
         "membership" => &Scenario::MEMBERSHIP,
-        "findings" => &Scenario::FINDINGS,
         other => {
-            eprintln!("unknown --set {other:?}; one of: classic, demand, membership, findings");
+            eprintln!("unknown --set {other:?}; one of: classic, demand, membership");
             return ExitCode::from(2);
         }
     };
@@ -139,7 +137,6 @@ fn main() -> ExitCode {
             match cli.set.as_str() {
                 "demand" => "every demand scenario",
                 "membership" => "every membership scenario",
-                "findings" => "every scenario of open findings",
                 _ => "every scenario",
             },
             Scenario::name

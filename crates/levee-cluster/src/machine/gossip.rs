@@ -42,6 +42,7 @@ impl Cluster {
     pub(super) fn gossip_interval_ends(&mut self, now: Millis, store: &mut dyn KeyStates) {
         let changes = self.membership.refresh(now);
         self.apply(changes);
+        self.sync_if_listed(now);
         if !self.synced && now.saturating_sub(self.started) >= self.cfg.suspect_after {
             // Nobody can vouch for a complete state — no peer is reachable, or every reachable
             // one is recovering too (the whole cluster is starting): start from what we have.
@@ -87,10 +88,12 @@ impl Cluster {
         if now >= self.next_membership {
             // Tell every peer the list again now and then: every anti-entropy interval while
             // the change settles (a list sent to a peer that was not listening yet is not
-            // resent otherwise), and every ten once it has (a lost message must not leave a
+            // resent otherwise) or while a peer's has not (it may wait for this node's word,
+            // lost on the way), and every ten once all have (a lost message must not leave a
             // peer bounding its shares by lists this node no longer runs).
             let settling = !self.lists.agreed()
                 || !self.lists.settled()
+                || self.lists.peers_settling()
                 || (self.lists.is_leaving(self.cfg.me) && !self.lists.leave_acknowledged());
             let every = if settling { 1 } else { 10 };
             self.next_membership = now + every * self.cfg.anti_entropy_interval;

@@ -93,6 +93,9 @@ pub struct Cluster {
     ae_cursor: usize,
     started: Millis,
     synced: bool,
+    /// The peer whose full state this node pulled, and when: it is synced once it has also
+    /// heard that peer's list ([`Cluster::sync_if_listed`]).
+    pulled_from: Option<(NodeIdx, Millis)>,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
     refused: u64,
@@ -128,6 +131,7 @@ impl Cluster {
             ae_cursor: 0,
             started: now,
             synced: n == 1,
+            pulled_from: None,
             last_pull: now,
             refused: 0,
             rights_given: 0,
@@ -182,11 +186,20 @@ impl Cluster {
         self.peer.resize(n, crate::peer::PeerLink::default());
         self.cfg.replicas = self.lists.spending();
         self.rebuild_rings();
-        for peer in self.peers() {
+        // Every position, removed ones included: a node removed while it runs must hear it.
+        let me = self.cfg.me;
+        let everyone: Vec<NodeIdx> = self
+            .lists
+            .current()
+            .positions()
+            .filter(|&p| p != me)
+            .collect();
+        for peer in everyone {
             self.send_list(peer, now);
         }
         self.next_membership = now + self.cfg.anti_entropy_interval;
-        self.events.push_back(Event::SharesChanged);
+        self.events
+            .push_back(Event::SharesChanged(self.cfg.replicas.clone()));
         self.report_view();
         Ok(())
     }
@@ -277,6 +290,18 @@ impl Cluster {
             return;
         }
         let unsettled = !self.lists.settled();
+        if unsettled
+            && self
+                .lists
+                .report(from)
+                .is_none_or(|r| r.list.digest() != set.digest())
+        {
+            // A peer with a new list (reloaded, or restarted too briefly to be seen gone):
+            // tell it the lists that bound this node's shares before its word may settle
+            // them, so that it binds its own shares by them first, and a share of its that
+            // grows once they settle waits as everyone's does.
+            self.send_list(from, now);
+        }
         let was_leaving = self.lists.is_leaving(from);
         let changed = self.lists.reported(from, set, floors, leaving);
         if self.lists.is_leaving(from) != was_leaving {
@@ -285,6 +310,7 @@ impl Cluster {
             self.rebuild_rings();
             self.send_list(from, now);
         }
+        self.sync_if_listed(now);
         if changed {
             if unsettled && self.lists.settled() {
                 // Agreed: the lists this node ran before no longer bound its shares. Its
@@ -296,8 +322,26 @@ impl Cluster {
             let spending = self.lists.spending();
             if spending != self.cfg.replicas {
                 self.cfg.replicas = spending;
-                self.events.push_back(Event::SharesChanged);
+                self.events
+                    .push_back(Event::SharesChanged(self.cfg.replicas.clone()));
             }
+        }
+    }
+
+    /// Synced once the state pulled from a peer is complete and that peer's list was heard
+    /// (frames can overtake each other: a node that starts during a change must be bounded
+    /// by the lists in play before it spends), or `suspect_after` after the pull if the peer
+    /// says no list (a version before live membership).
+    pub(super) fn sync_if_listed(&mut self, now: Millis) {
+        let Some((peer, at)) = self.pulled_from else {
+            return;
+        };
+        if self.synced {
+            return;
+        }
+        if self.lists.report(peer).is_some() || now.saturating_sub(at) >= self.cfg.suspect_after {
+            self.synced = true;
+            self.events.push_back(Event::Synced);
         }
     }
 

@@ -31,6 +31,15 @@ impl Cluster {
         if let Some(change) = up {
             self.apply(vec![change]);
         }
+        if self.lists.current().is_removed(from)
+            && now >= self.peer[i].told_removed + self.cfg.anti_entropy_interval
+        {
+            // A removed node that still speaks (thawed, or cut off when it was removed) may
+            // not know: its list gives it a share. Tell it, whatever it sends, at most every
+            // anti-entropy interval (one answer can be lost).
+            self.peer[i].told_removed = now;
+            self.send_list(from, now);
+        }
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
             let p = &mut self.peer[i];
             p.heard_ms = p.heard_ms.max(b.sent_at_ms);
@@ -71,6 +80,8 @@ impl Cluster {
             } => self.list_reported(from, &list, &floors, leaving, now),
             Message::Deltas(batch) => self.merge_batch(&batch, now, store),
             // A recovering node sends what it has but cannot vouch that it is complete.
+            // The list first: a node that starts must be bounded by the lists in play before
+            // the state it pulls makes it synced (see `PullChunk`).
             Message::PullRequest if self.synced => {
                 self.peer[i].queue_all(&*store, now, |_| true, true);
             }
@@ -82,8 +93,8 @@ impl Cluster {
             Message::PullChunk { batch, done } => {
                 self.merge_batch(&batch, now, store);
                 if done && !self.synced {
-                    self.synced = true;
-                    self.events.push_back(Event::Synced);
+                    self.pulled_from.get_or_insert((from, now));
+                    self.sync_if_listed(now);
                 }
             }
             // While the peer has a backlog from us, buckets differ because of what is still

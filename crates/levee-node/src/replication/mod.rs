@@ -365,10 +365,12 @@ impl Replication {
                     }
                     host.limiter().set_view(view);
                 }
-                Event::SharesChanged => {
-                    // As for the view: the machine's current list, read and bound in one
-                    // ordered step.
+                Event::SharesChanged(list) => {
+                    // The event's list first (a share that shrank and grows again within
+                    // this batch is seen to grow, and waits), then, as for the view, the
+                    // machine's current list, read and bound in one ordered step.
                     let _order = self.shares_order.lock();
+                    host.limiter().rebind(list);
                     let spending = self.cluster.lock().spending();
                     host.limiter().rebind(spending);
                 }

@@ -97,10 +97,12 @@ impl<'p> Driver<'p> {
             };
             match event {
                 Event::Synced => self.note_sync(n),
-                Event::SharesChanged => {
-                    // As the node does: bind the rule to the machine's current list.
+                Event::SharesChanged(list) => {
+                    // As the node does: bind the rule to the event's list, then to the
+                    // machine's current one.
                     let t = self.clock(n);
                     let node = &mut self.nodes[n];
+                    node.states.rebind(list, t);
                     node.states.rebind(node.cluster.spending(), t);
                 }
                 Event::ForwardReceived { from, id, checks } => {

@@ -269,6 +269,10 @@ impl KeyStates for SimStates {
         self.keys.get(id).map(|s| s.crdt().clone())
     }
 
+    fn activate_all(&mut self) {
+        self.active.extend(self.keys.keys().cloned());
+    }
+
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         let active = std::mem::take(&mut self.active);
         let bound = match &self.later {
