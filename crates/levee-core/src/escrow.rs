@@ -55,7 +55,7 @@ pub const PRESS_MS: Millis = 200;
 const MARGIN_PERCENT: u64 = 10;
 
 /// What a rebalancing step needs to know beyond the key's state.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct RebalanceCtx<'a> {
     /// The time (ms since the Unix epoch).
     pub now: Millis,
@@ -74,6 +74,10 @@ pub struct RebalanceCtx<'a> {
     /// this node publishes at least that forecast and rights flow to it at once, however low
     /// the load — without waiting for its own forecast to learn what the owner knew.
     pub inherit_from: Option<NodeIdx>,
+    /// Whether this node hears node `n` (within `suspect_after`): rights go only to nodes it
+    /// hears. (A node thawed after a long pause hears nobody at first: it must not give what
+    /// it held under a list it has not yet heard replaced, to nodes whose shares have grown.)
+    pub hears: &'a dyn Fn(NodeIdx) -> bool,
 }
 
 /// One scope of rights: an epoch (fixed windows, quotas) or the continuous holdings.
@@ -253,7 +257,7 @@ fn rebalance_scope(
     let mut plan: Vec<(NodeIdx, u64)> = Vec::new();
     if ctx.owner != me {
         // A region-mate of the owner: everything spare goes to the owner.
-        if !ctx.view.acting_alone && in_flight_ok(ctx.owner) {
+        if !ctx.view.acting_alone && (ctx.hears)(ctx.owner) && in_flight_ok(ctx.owner) {
             plan.push((ctx.owner, my_spare.min(room(ctx.owner))));
         }
     } else {
@@ -273,8 +277,11 @@ fn rebalance_scope(
         };
         // Long windows: a node that will run out within PRESS_MS presses.
         let pressing = |i: usize| !long || (current && held[i] < need_soon[i]);
-        let reachable =
-            |node: NodeIdx| node != me && !ctx.view.unreachable.contains(replicas.region_of(node));
+        let reachable = |node: NodeIdx| {
+            node != me
+                && !ctx.view.unreachable.contains(replicas.region_of(node))
+                && (ctx.hears)(node)
+        };
         let wants: Vec<(NodeIdx, u64, bool)> = replicas
             .nodes()
             .filter(|&m| reachable(m))

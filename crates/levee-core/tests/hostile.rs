@@ -193,6 +193,7 @@ proptest! {
                     owner,
                     max_in_flight: limit / 4 + 1,
                     inherit_from: None,
+                hears: &|_| true,
                 };
                 state.rebalance(&target, &rctx);
             }
@@ -256,6 +257,7 @@ fn a_peer_forecast_of_u64_max_does_not_overflow_the_margin() {
             owner: me,
             max_in_flight: 1_000,
             inherit_from: None,
+            hears: &|_| true,
         };
         // Node 2 (another region) says it needs everything: it gets at most this node's
         // share (25) in each scope (two epochs for windows, one for the others).
@@ -286,6 +288,7 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
         owner: me,
         max_in_flight: 1_000,
         inherit_from: None,
+        hears: &|_| true,
     };
     state.rebalance(&target, &rctx);
     state.decide(&target, RuleMode::Enforce, 1, false, &ctx);

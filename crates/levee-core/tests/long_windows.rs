@@ -94,6 +94,7 @@ impl Lockstep {
                 owner: NodeIdx((node / 2 * 2) as u16),
                 max_in_flight: self.rule.algorithm.capacity() / 2,
                 inherit_from: None,
+                hears: &|_| true,
             };
             self.nodes[node].rebalance(&target, &ctx);
         }

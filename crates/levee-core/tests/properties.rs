@@ -260,6 +260,7 @@ impl Cluster {
                     owner,
                     max_in_flight: rule.algorithm.capacity() / 4 + 1,
                     inherit_from: None,
+                    hears: &|_| true,
                 };
                 nodes[node].rebalance(&target, &rctx);
             }

@@ -135,6 +135,7 @@ impl Cluster {
                 owner,
                 max_in_flight: (capacity * MAX_IN_FLIGHT_FRACTION).ceil() as u64,
                 inherit_from,
+                hears: &|n| membership.is_reachable(n),
             };
             given = given.saturating_add(state.rebalance(target, &ctx));
         });
