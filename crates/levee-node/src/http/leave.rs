@@ -26,6 +26,7 @@ pub(super) const LEAVE_WAIT_MAX_MS: u64 = 600_000;
 pub(super) struct LeaveQuery {
     /// How long to wait for the node to hold nothing, in ms (default 30000, at most 600000).
     /// The node keeps leaving after the answer either way.
+    #[param(minimum = 0, maximum = 600_000)]
     wait_ms: Option<u64>,
 }
 
