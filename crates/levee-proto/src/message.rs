@@ -311,6 +311,9 @@ pub enum Message {
         /// `levee_core::MAX_NODES`. A node is leaving when it says so of itself; what it
         /// says of others acknowledges what they said.
         leaving: Vec<u16>,
+        /// The sender has not heard the receiver's list yet (it just started): the
+        /// receiver answers with its own.
+        reply: bool,
     },
 }
 

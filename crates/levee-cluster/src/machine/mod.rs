@@ -218,12 +218,14 @@ impl Cluster {
             .map(spec)
             .collect();
         let leaving = self.lists.leaving_to_send();
+        let reply = self.lists.report(peer).is_none();
         self.send(
             peer,
             Message::Membership {
                 list,
                 floors,
                 leaving,
+                reply,
             },
             now,
         );

@@ -77,7 +77,13 @@ impl Cluster {
                 list,
                 floors,
                 leaving,
-            } => self.list_reported(from, &list, &floors, leaving, now),
+                reply,
+            } => {
+                self.list_reported(from, &list, &floors, leaving, now);
+                if reply {
+                    self.send_list(from, now);
+                }
+            }
             Message::Deltas(batch) => self.merge_batch(&batch, now, store),
             // A recovering node sends what it has but cannot vouch that it is complete.
             // The list first: a node that starts must be bounded by the lists in play before
