@@ -284,6 +284,7 @@ impl Cluster {
                 base_port,
                 rules: rules.clone(),
                 notify: Vec::new(),
+                added: Vec::new(),
                 gossip_interval: format!("{}ms", spec.gossip_interval_ms),
                 suspect_after: format!("{}ms", spec.suspect_after_ms),
             };

@@ -15,9 +15,13 @@ pub struct LocalCluster {
     pub regions: Vec<String>,
     /// Nodes in every region.
     pub nodes_per_region: usize,
-    /// Node *k* (counting region by region) listens for HTTP on `base_port + 2k` and for
-    /// QUIC on `base_port + 2k + 1`.
+    /// Node *k* (counting region by region, then the appended nodes) listens for HTTP on
+    /// `base_port + 2k` and for QUIC on `base_port + 2k + 1`.
     pub base_port: u16,
+    /// The regions of nodes appended after the initial layout (`levee cluster add`), in
+    /// order: they follow the initial nodes in [`LocalCluster::nodes`], each numbered on from
+    /// the highest of its region so far (`eu-3` after `eu-1`, `eu-2`).
+    pub added: Vec<String>,
     /// The rules every node runs.
     pub rules: Vec<RuleSpec>,
     /// The `[[notify]]` tables every node runs (threshold notices).
@@ -85,27 +89,59 @@ struct Rules<'a> {
 }
 
 impl LocalCluster {
-    /// The nodes, in agreed order.
+    /// The nodes, in agreed order: region by region, then the appended ones.
     pub fn nodes(&self, dir: &Path) -> Result<Vec<LocalNode>, LocalClusterError> {
         let mut out = Vec::new();
         for region in &self.regions {
             for i in 1..=self.nodes_per_region {
-                let k = out.len() as u32;
-                let port = |off: u32| {
-                    u16::try_from(u32::from(self.base_port) + 2 * k + off)
-                        .map_err(|_| LocalClusterError::Ports(self.base_port))
-                };
-                let id = format!("{region}-{i}");
-                out.push(LocalNode {
-                    config: dir.join(format!("{id}.toml")),
-                    http: SocketAddr::from(([127, 0, 0, 1], port(0)?)),
-                    gossip: SocketAddr::from(([127, 0, 0, 1], port(1)?)),
-                    id,
-                    region: region.clone(),
-                });
+                out.push(self.node(dir, out.len(), region, i)?);
             }
         }
+        for (j, region) in self.added.iter().enumerate() {
+            let before = self.added[..j].iter().filter(|r| *r == region).count();
+            let n = before
+                + if self.regions.contains(region) {
+                    self.nodes_per_region
+                } else {
+                    0
+                };
+            out.push(self.node(dir, out.len(), region, n + 1)?);
+        }
         Ok(out)
+    }
+
+    /// Node `k` of the layout: `<region>-<i>`, its files and ports.
+    fn node(
+        &self,
+        dir: &Path,
+        k: usize,
+        region: &str,
+        i: usize,
+    ) -> Result<LocalNode, LocalClusterError> {
+        let port = |off: u32| {
+            u32::try_from(k)
+                .ok()
+                .and_then(|k| u16::try_from(u32::from(self.base_port) + 2 * k + off).ok())
+                .ok_or(LocalClusterError::Ports(self.base_port))
+        };
+        let id = format!("{region}-{i}");
+        Ok(LocalNode {
+            config: dir.join(format!("{id}.toml")),
+            http: SocketAddr::from(([127, 0, 0, 1], port(0)?)),
+            gossip: SocketAddr::from(([127, 0, 0, 1], port(1)?)),
+            id,
+            region: region.to_owned(),
+        })
+    }
+
+    /// How many nodes the layout has: the initial ones and the appended ones.
+    pub fn len(&self) -> usize {
+        self.regions.len() * self.nodes_per_region + self.added.len()
+    }
+
+    /// Whether the layout has no node.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Writes the CA, node certificates and configurations into `dir`. `peer_addr(from, to)`
@@ -116,7 +152,7 @@ impl LocalCluster {
         dir: &Path,
         peer_addr: impl Fn(&LocalNode, &LocalNode) -> Option<SocketAddr>,
     ) -> Result<Vec<LocalNode>, LocalClusterError> {
-        let all: Vec<Listed> = (0..self.regions.len() * self.nodes_per_region)
+        let all: Vec<Listed> = (0..self.len())
             .map(|node| Listed {
                 node,
                 removed: false,
@@ -215,6 +251,7 @@ mod tests {
             base_port: 19_900,
             rules: source.rules.iter().map(|r| r.spec.clone()).collect(),
             notify: source.notify.clone(),
+            added: Vec::new(),
             gossip_interval: "20ms".into(),
             suspect_after: "1s".into(),
         };
@@ -226,5 +263,32 @@ mod tests {
             assert_eq!(config.rules.len(), 1, "{}", n.id);
             assert_eq!(config.notify, source.notify, "{}", n.id);
         }
+    }
+
+    #[test]
+    fn appended_nodes_follow_the_initial_ones_numbered_on_in_their_region() {
+        let spec = LocalCluster {
+            regions: vec!["eu".into(), "us".into()],
+            nodes_per_region: 2,
+            base_port: 19_900,
+            rules: Vec::new(),
+            notify: Vec::new(),
+            added: vec!["us".into(), "eu".into(), "us".into()],
+            gossip_interval: "20ms".into(),
+            suspect_after: "1s".into(),
+        };
+        let nodes = spec.nodes(Path::new("d")).expect("laid out");
+        let ids: Vec<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["eu-1", "eu-2", "us-1", "us-2", "us-3", "eu-3", "us-4"]
+        );
+        assert_eq!(spec.len(), nodes.len());
+        for (k, n) in nodes.iter().enumerate() {
+            assert_eq!(n.http.port(), 19_900 + 2 * k as u16, "{}", n.id);
+            assert_eq!(n.gossip.port(), 19_901 + 2 * k as u16, "{}", n.id);
+        }
+        assert_eq!(nodes[5].region, "eu");
+        assert_eq!(nodes[5].config, Path::new("d").join("eu-3.toml"));
     }
 }

@@ -8,6 +8,12 @@
 //! exists, stops the others and exits 1. Children are only ever signalled through their own
 //! `Child` handles, and only while they have not been reaped, so a signal can never reach a
 //! process that is not one of them.
+//!
+//! While it runs, `levee cluster add | remove | restart` change it through a Unix socket in
+//! its directory ([`control`]); a node stopped by one of them is expected to exit.
+
+mod change;
+mod control;
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -18,6 +24,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use levee_node::local_cluster::{LocalCluster, LocalNode};
 
+pub(crate) use control::ClusterCommand;
+
 /// How long the nodes may take to answer `/readyz` with 200.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a node may take to exit after SIGTERM before it is killed.
@@ -25,9 +33,13 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Log lines printed of a node that failed.
 const TAIL_LINES: usize = 20;
 
-/// Arguments of `levee cluster`.
+/// Arguments of `levee cluster`: with no subcommand, run a cluster in the foreground; with
+/// one, change the cluster that runs in `--dir`.
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct ClusterArgs {
+    #[command(subcommand)]
+    command: Option<ClusterCommand>,
     /// Regions, comma-separated, each named once (letters, digits, `-`, `_`).
     #[arg(long, default_value = "eu,us,ap", value_delimiter = ',')]
     regions: Vec<String>,
@@ -57,6 +69,9 @@ enum Failure {
 }
 
 pub(crate) fn run(args: &ClusterArgs) -> ExitCode {
+    if let Some(command) = &args.command {
+        return control::client(command);
+    }
     match start(args) {
         Ok(code) => code,
         Err(Failure::Usage(e)) => {
@@ -70,13 +85,17 @@ pub(crate) fn run(args: &ClusterArgs) -> ExitCode {
     }
 }
 
-/// One running node.
+/// One node of the layout, running or stopped on purpose.
 struct Member {
     node: LocalNode,
     log: PathBuf,
     child: Child,
     /// Set once the child has been reaped: it is never signalled again.
     exited: Option<ExitStatus>,
+    /// Removed from the list (`levee cluster remove`): stopped, and never started again.
+    removed: bool,
+    /// Being stopped on purpose (`remove`, `restart`): its exit does not stop the cluster.
+    stopping: bool,
 }
 
 impl Member {
@@ -93,13 +112,21 @@ impl Member {
     /// SIGTERM, unless the child has already exited. The child is not reaped until
     /// [`Member::poll_exit`] sees it gone, so its pid cannot belong to another process.
     fn terminate(&mut self) {
+        self.signal(rustix::process::Signal::TERM);
+    }
+
+    /// `signal`, unless the child has already exited (see [`Member::terminate`]).
+    fn signal(&mut self, signal: rustix::process::Signal) {
         if self.poll_exit().is_some() {
             return;
         }
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        );
+        let _ =
+            rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), signal);
+    }
+
+    /// A member that should be running: in the list, and not being stopped.
+    fn active(&self) -> bool {
+        !self.removed && !self.stopping
     }
 
     /// SIGKILL, unless the child has already exited; then waits for it.
@@ -118,7 +145,8 @@ struct Members(Vec<Member>);
 
 impl Members {
     /// SIGTERM to every node still running, SIGKILL after [`STOP_TIMEOUT`]; returns the nodes
-    /// that exited with a failure, with their status.
+    /// that exited with a failure, with their status (not those removed before, whose exit was
+    /// reported then).
     fn stop(&mut self) -> Vec<(String, ExitStatus)> {
         for m in &mut self.0 {
             m.terminate();
@@ -132,6 +160,7 @@ impl Members {
         }
         self.0
             .iter()
+            .filter(|m| !m.removed)
             .filter_map(|m| {
                 let s = m.exited?;
                 (!s.success()).then(|| (m.node.id.clone(), s))
@@ -144,6 +173,37 @@ impl Drop for Members {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Starts `levee serve` on `node`'s configuration, its stderr to `log` (appended to, or
+/// truncated first with `truncate`).
+fn spawn(exe: &Path, node: &LocalNode, log: &Path, truncate: bool) -> Result<Child, String> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(!truncate)
+        .truncate(truncate)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    Command::new(exe)
+        .arg("serve")
+        .arg("--config")
+        .arg(&node.config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", node.id))
+}
+
+/// The running cluster, as `levee cluster add | remove | restart` change it.
+struct Cluster {
+    /// Every node of `spec`'s layout, in its order (the list's).
+    members: Members,
+    spec: LocalCluster,
+    dir: PathBuf,
+    /// The `levee` binary the nodes run.
+    exe: PathBuf,
 }
 
 /// The last `n` lines of a log file (or why it cannot be read).
@@ -255,6 +315,7 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
         base_port: args.base_port,
         rules,
         notify,
+        added: Vec::new(),
         gossip_interval: "20ms".into(),
         suspect_after: "1s".into(),
     };
@@ -283,31 +344,34 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
             temp.path().to_owned()
         }
     };
+    // The control socket claims the directory: a cluster already running there is not
+    // overwritten.
+    let control = control::Control::bind(&dir).map_err(Failure::Run)?;
     let nodes = spec
         .write(&dir, |_, _| None)
         .map_err(|e| Failure::Run(e.to_string()))?;
-    let mut members = Members(Vec::with_capacity(nodes.len()));
+    let mut cluster = Cluster {
+        members: Members(Vec::with_capacity(nodes.len())),
+        spec,
+        dir: dir.clone(),
+        exe,
+    };
+    let members = &mut cluster.members;
     for n in nodes {
         let log = dir.join(format!("{}.log", n.id));
-        let file = std::fs::File::create(&log)
-            .map_err(|e| Failure::Run(format!("{}: {e}", log.display())))?;
-        let child = Command::new(&exe)
-            .arg("serve")
-            .arg("--config")
-            .arg(&n.config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .map_err(|e| Failure::Run(format!("cannot start {}: {e}", n.id)))?;
+        let child = spawn(&cluster.exe, &n, &log, true).map_err(Failure::Run)?;
         members.0.push(Member {
             node: n,
             log,
             child,
             exited: None,
+            removed: false,
+            stopping: false,
         });
     }
-    let outcome = runtime.block_on(supervise(&mut members, &mut signals, &dir, args, &spec));
+    let outcome = runtime.block_on(supervise(&mut cluster, &mut signals, &control, args));
+    drop(control);
+    let members = &mut cluster.members;
     // The logs are read (a failed node's tail printed) before the directory goes.
     let code = match outcome {
         Stop::Signal(reason) => {
@@ -369,7 +433,7 @@ impl Signals {
 }
 
 /// Why supervision ended.
-enum Stop {
+pub(super) enum Stop {
     /// Ctrl-C or SIGTERM.
     Signal(&'static str),
     /// A node exited, or the cluster did not become ready: what to say.
@@ -388,14 +452,14 @@ fn died(m: &Member, status: ExitStatus, when: &str) -> String {
 }
 
 /// Waits for every node to be ready, announces the cluster, then watches the nodes until a
-/// signal or until one exits.
+/// signal or until one exits, and serves `levee cluster add | remove | restart` one at a time.
 async fn supervise(
-    members: &mut Members,
+    cluster: &mut Cluster,
     signals: &mut Signals,
-    dir: &Path,
+    control: &control::Control,
     args: &ClusterArgs,
-    spec: &LocalCluster,
 ) -> Stop {
+    let members = &mut cluster.members;
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_millis(500)))
@@ -443,19 +507,34 @@ async fn supervise(
             ));
         }
     }
-    announce(members, dir, args, spec);
+    announce(members, &cluster.dir, args, &cluster.spec);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
             reason = signals.recv() => return Stop::Signal(reason),
+            conn = control.accept() => {
+                if let Some(stop) = control::serve(conn, cluster, signals, control).await {
+                    return stop;
+                }
+            }
             _ = tick.tick() => {
-                for m in members.0.iter_mut() {
-                    if let Some(status) = m.poll_exit() {
-                        return Stop::Failed(died(m, status, "while the cluster ran"));
-                    }
+                if let Err(message) = cluster.members.check_alive("while the cluster ran") {
+                    return Stop::Failed(message);
                 }
             }
         }
+    }
+}
+
+impl Members {
+    /// Fails with [`died`]'s message for the first member that exited though it should run.
+    fn check_alive(&mut self, when: &str) -> Result<(), String> {
+        for m in self.0.iter_mut().filter(|m| m.active()) {
+            if let Some(status) = m.poll_exit() {
+                return Err(died(m, status, when));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -492,11 +571,15 @@ fn announce(members: &Members, dir: &Path, args: &ClusterArgs, spec: &LocalClust
     }
     out.push_str(&format!(
         "  curl -s http://{}/v1/cluster\n\n\
-         logs: {}/<node>.log   stop: Ctrl-C (a node that exits stops the whole cluster)\n\
-         to stop and restart single nodes, keep the files (--dir DIR) and run each node yourself:\n  levee serve --config {}\n\n",
+         change it while it runs (one change at a time):\n  \
+         levee cluster add --region {region} --dir {dir}\n  \
+         levee cluster remove <node> --dir {dir}\n  \
+         levee cluster restart {id} --dir {dir}\n\n\
+         logs: {dir}/<node>.log   stop: Ctrl-C (a node that exits by itself stops the whole cluster)\n\n",
         first.http,
-        dir.display(),
-        first.config.display()
+        region = first.region,
+        id = first.id,
+        dir = dir.display(),
     ));
     print!("{out}");
 }
