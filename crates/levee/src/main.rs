@@ -49,7 +49,8 @@ enum Command {
     /// Open-loop HTTP load against a node, with latency percentiles (coordinated omission
     /// corrected).
     Bench(bench::BenchArgs),
-    /// Run a local multi-region cluster of real `levee serve` processes.
+    /// Run a local multi-region cluster of real `levee serve` processes; add, remove or
+    /// restart its nodes while it runs.
     Cluster(cluster::ClusterArgs),
     /// Make the cluster CA and node certificates for mutual TLS.
     Certs {

@@ -34,9 +34,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// 2 when refused (nothing changed), 1 on failure.
 #[derive(Subcommand)]
 pub(crate) enum ClusterCommand {
-    /// Add a node to one of the cluster's regions: lay it out (the next node id and ports of
-    /// that region and layout), issue its certificate, append it to every node's list, reload
-    /// the running nodes, start it, and wait until every node agrees on the list.
+    /// Add a node to one of the running cluster's regions.
+    ///
+    /// Lays it out (the region's next id, the layout's next ports), issues its certificate,
+    /// appends it to every node's list, reloads the running nodes (SIGHUP), starts it, and
+    /// waits until every node is ready and agrees on the list.
     Add {
         /// The region (one of the cluster's; adding a region is not supported).
         #[arg(long)]
@@ -46,9 +48,11 @@ pub(crate) enum ClusterCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
-    /// Remove a node: it leaves (POST /admin/leave: it hands every right it holds to the
-    /// others), is stopped, is marked removed in every node's list, and the others reload and
-    /// agree. The last node of a region cannot be removed.
+    /// Remove a node from the running cluster.
+    ///
+    /// It leaves (POST /admin/leave: it hands every right it holds to the others), is stopped
+    /// (SIGTERM), is marked removed in every node's list, and the others reload and agree on
+    /// it. The last node of a region cannot be removed.
     Remove {
         /// The node id, e.g. eu-2.
         node: String,
@@ -57,8 +61,10 @@ pub(crate) enum ClusterCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
-    /// Restart a node: SIGTERM, wait for it to exit, start it again on its configuration and
-    /// data directory, and wait until it is ready and every node agrees on the list.
+    /// Restart a node of the running cluster.
+    ///
+    /// SIGTERM, wait for it to exit, start it again on its configuration and data directory
+    /// (its log is appended to), and wait until it is ready and every node agrees on the list.
     Restart {
         /// The node id, e.g. eu-1.
         node: String,
