@@ -19,7 +19,8 @@ use super::{Cluster, Failure, Member, STOP_TIMEOUT, TAIL_LINES};
 /// How long the nodes may take to reload a list, or to agree on it and be ready.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one `POST /admin/leave` waits (`wait_ms`); it is asked again while it answers 202.
-const LEAVE_WAIT: Duration = Duration::from_secs(5);
+/// Below the nodes' `api.request_timeout` (5 s), which would answer 503 first.
+const LEAVE_WAIT: Duration = Duration::from_secs(3);
 /// How long a node may take to leave, over all its answers.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Between two looks at the nodes.
@@ -412,9 +413,22 @@ async fn leave(c: &mut Cluster, i: usize, out: &mut Progress) -> Result<(), Abor
                     )));
                 }
             }
+            // The node's request timeout cut the wait short: it goes on leaving.
+            503 => {
+                out.line(&format!(
+                    "{id} still leaving (no answer within its request timeout)"
+                ))
+                .await;
+                if Instant::now() >= deadline {
+                    return Err(Abort::Failed(format!(
+                        "{id} did not finish leaving within {LEAVE_TIMEOUT:?}; {still_leaving}"
+                    )));
+                }
+            }
             _ => {
                 return Err(Abort::Failed(format!(
-                    "{id} answered POST /admin/leave with {status}: {}; nothing was changed",
+                    "{id} answered POST /admin/leave with {status}: {}; it was neither stopped nor removed \
+                     (should it have started leaving, `levee cluster restart {id}` has it own keys again)",
                     body.get("message").map_or_else(|| body.to_string(), text)
                 )));
             }
