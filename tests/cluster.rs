@@ -161,9 +161,19 @@ impl LocalClusterHandle {
         per_region: usize,
         initial: Option<Vec<usize>>,
     ) -> LocalClusterHandle {
+        LocalClusterHandle::start_spec(regions, per_region, |spec| spec.initial = initial)
+    }
+
+    /// [`LocalClusterHandle::start`] of `regions` × `per_region` nodes, with `tweak` applied
+    /// to the cluster's specification.
+    fn start_spec(
+        regions: &[&str],
+        per_region: usize,
+        tweak: impl FnOnce(&mut ClusterSpec),
+    ) -> LocalClusterHandle {
         let guard = one_cluster_at_a_time();
         let mut spec = ClusterSpec::new(levee_binary(), regions, per_region, RULES);
-        spec.initial = initial;
+        tweak(&mut spec);
         spec.gossip_interval_ms = GOSSIP_INTERVAL_MS;
         spec.suspect_after_ms = SUSPECT_AFTER_MS;
         spec.ready_timeout = READY_TIMEOUT;
@@ -2071,4 +2081,176 @@ fn a_keys_owner_that_leaves_hands_its_rights_over_and_is_removed_with_nothing_st
     c.wait_agreement(&[eu1, us1, us2], rule, key, READY_TIMEOUT, |v| {
         v.used == DAILY_LIMIT
     });
+}
+
+/// Every `name` sample of node `i`'s `/metrics`, summed (0 if there is none).
+fn metric_sum(c: &LocalClusterHandle, i: usize, name: &str) -> f64 {
+    levee_blackbox::samples(&c.metrics(i))
+        .iter()
+        .filter(|s| s.name == name)
+        .map(|s| s.value)
+        .sum()
+}
+
+/// A rolling upgrade from the previous protocol version (docs/operations.md, "Upgrading"):
+/// half the nodes, one of each region, send version-1 frames (`cluster.wire_version = 1`, as
+/// upgraded nodes do while nodes of the previous build still run), the other half this
+/// build's. Every node decodes the others' frames (none is refused); checks of keys owned by
+/// either kind are forwarded to them and answered; the day's limit holds and every view agrees.
+/// Then the upgrade is finished node by node (the setting removed, the node restarted), and
+/// the node list, which version 1 cannot acknowledge, is agreed everywhere.
+#[test]
+fn with_half_the_nodes_on_the_previous_wire_version_the_limit_holds_and_the_upgrade_finishes_node_by_node()
+ {
+    const OLD: &str = "wire_version = 1";
+    let mut c = LocalClusterHandle::start_spec(&["eu", "us"], 2, |spec| {
+        spec.cluster_extra = vec![String::new(), OLD.into(), String::new(), OLD.into()];
+    });
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let all = [eu1, eu2, us1, us2];
+    let rule = "daily";
+    avoid_window_edge(DAY_MS, 120_000);
+    let key_owned_by = |c: &LocalClusterHandle, owner: &str, tag: &str| {
+        (0..1_000)
+            .map(|i| format!("upgrade-{tag}-{i}"))
+            .find(|k| c.usage(eu1, rule, k)["owner"] == owner)
+            .unwrap_or_else(|| panic!("a key {owner} owns"))
+    };
+    // Round robin over the four nodes, a third more checks than the limit: each node forwards
+    // the keys it does not own in its region.
+    let run = |c: &LocalClusterHandle, key: &str| {
+        let admitted = c.admit_round_robin(&all, rule, key, DAILY_LIMIT / 3);
+        let view = c.wait_agreement(&all, rule, key, READY_TIMEOUT, |v| v.used == admitted);
+        eprintln!("{key}: admitted {admitted} of {DAILY_LIMIT}; every node's view: {view:?}");
+        assert!(
+            admitted <= DAILY_LIMIT,
+            "{key}: admitted {admitted} over the limit {DAILY_LIMIT}"
+        );
+        admitted
+    };
+    let old_owned = key_owned_by(&c, "eu-2", "old-owner");
+    let new_owned = key_owned_by(&c, "eu-1", "new-owner");
+    let mixed = [run(&c, &old_owned), run(&c, &new_owned)];
+    for i in all {
+        assert_eq!(
+            metric_sum(&c, i, "levee_frames_refused_total"),
+            0.0,
+            "{} refused frames:\n{}",
+            c.id(i),
+            c.metrics(i)
+        );
+    }
+    // The nodes on version 1 sent nothing version 1 lacks (their list, above all), and so
+    // cannot acknowledge one: the others see them joining, the list not agreed.
+    for i in [eu2, us2] {
+        let text = c.metrics(i);
+        let withheld: f64 = levee_blackbox::samples(&text)
+            .iter()
+            .filter(|s| {
+                s.name == "levee_transport_frames_dropped_total"
+                    && s.labels.iter().any(|(k, v)| k == "reason" && v == "version")
+            })
+            .map(|s| s.value)
+            .sum();
+        assert!(withheld > 0.0, "{} withheld nothing:\n{text}", c.id(i));
+    }
+    let states = peer_states(&c, eu1);
+    assert!(
+        states.contains(&("eu-2".to_owned(), "joining".to_owned())),
+        "eu-1's peers: {states:?}"
+    );
+    assert_eq!(c.membership(eu1)["agreed"], false);
+    // Nor can a node on version 1 take a new list: its reload is refused, its list kept.
+    let digest = c.membership(eu2)["digest"].clone();
+    let reload_errors = |c: &LocalClusterHandle| {
+        levee_blackbox::metric(
+            &c.metrics(eu2),
+            "levee_config_reloads_total",
+            &[("result", "error")],
+        )
+        .unwrap_or(0.0)
+    };
+    let errors = reload_errors(&c);
+    let without_us2 = [(eu1, false), (eu2, false), (us1, false), (us2, true)].map(
+        |(node, removed)| Listed { node, removed },
+    );
+    c.c.set_list(&without_us2).unwrap_or_else(|e| panic!("{e}"));
+    c.c.signal(eu2, "HUP").unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        wait_until(READY_TIMEOUT, || reload_errors(&c) > errors),
+        "eu-2's reload of another list was not refused"
+    );
+    assert_eq!(c.membership(eu2)["digest"], digest);
+    let unchanged = all.map(|node| Listed {
+        node,
+        removed: false,
+    });
+    c.c.set_list(&unchanged).unwrap_or_else(|e| panic!("{e}"));
+
+    // The upgrade finishes: each old node in turn drops the setting and restarts.
+    for i in [eu2, us2] {
+        let path = c.node(i).config.clone();
+        let text = std::fs::read_to_string(&path).expect("its configuration");
+        assert!(text.contains(OLD), "{text}");
+        std::fs::write(&path, text.replacen(&format!("{OLD}\n"), "", 1)).expect("written");
+        c.restart(i);
+    }
+    c.wait_agreed(&all);
+    let after = run(&c, &key_owned_by(&c, "eu-2", "upgraded"));
+    for i in all {
+        assert_eq!(metric_sum(&c, i, "levee_frames_refused_total"), 0.0, "{}", c.id(i));
+    }
+    eprintln!("admitted with half the nodes on version 1: {mixed:?}; after the upgrade: {after}");
+}
+
+/// A peer that is not heard (frozen with SIGSTOP) is not waited for by a node that leaves: the
+/// leave completes, naming it unreachable, and the peer learns of it once thawed.
+#[test]
+fn a_leave_does_not_wait_for_a_peer_that_is_not_heard_and_the_peer_learns_of_it_once_thawed() {
+    let c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    c.admit_retrying(eu2, "daily", "frozen-peer", 20);
+    c.sigstop(us2);
+    // us-2 is suspected after `suspect_after`; the leave waits for the others only.
+    let r =
+        c.c.post(eu2, "/admin/leave?wait_ms=10000", "")
+            .expect("an answer");
+    c.sigcont(us2);
+    eprintln!("leave with us-2 frozen: {}", r.body);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        (&r.json["left"], &r.json["holding"]),
+        (&json!(true), &json!(0)),
+        "{r:?}"
+    );
+    // (Another peer may be named too if this machine was too busy for it to be heard for a
+    // moment; the frozen one must be.)
+    assert!(
+        r.json["unreachable"]
+            .as_array()
+            .is_some_and(|u| u.contains(&json!("us-2"))),
+        "{r:?}"
+    );
+    assert!(
+        r.json["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("us-2 not heard")),
+        "{r:?}"
+    );
+    for i in [eu1, us1] {
+        let states = peer_states(&c, i);
+        assert!(
+            states.contains(&("eu-2".to_owned(), "leaving".to_owned())),
+            "{} shows eu-2 leaving: {states:?}",
+            c.id(i)
+        );
+    }
+    let thawed = wait_until(READY_TIMEOUT, || {
+        peer_states(&c, us2).contains(&("eu-2".to_owned(), "leaving".to_owned()))
+    });
+    assert!(
+        thawed,
+        "us-2, thawed, does not show eu-2 leaving: {:?}",
+        peer_states(&c, us2)
+    );
 }

@@ -77,6 +77,9 @@ pub struct ClusterSpec {
     /// nodes start; the others are laid out (ports, certificates, files) for
     /// [`Cluster::set_list`] to add later.
     pub initial: Option<Vec<usize>>,
+    /// Lines added to the `[cluster]` table of node *k*'s configuration (index = node); a
+    /// missing or empty entry adds none.
+    pub cluster_extra: Vec<String>,
 }
 
 impl ClusterSpec {
@@ -102,6 +105,7 @@ impl ClusterSpec {
             poll_interval: Duration::from_millis(20),
             dir_prefix: "levee-cluster-".into(),
             initial: None,
+            cluster_extra: Vec::new(),
         }
     }
 
@@ -374,7 +378,7 @@ impl Cluster {
             .nodes(self.dir())
             .map_err(|e| format!("lay out the cluster: {e}"))?;
         let idx = |n: &LocalNode| planned.iter().position(|m| m.id == n.id);
-        layout
+        let written = layout
             .write_list(
                 self.dir(),
                 |from, to| match (idx(from), idx(to)) {
@@ -383,7 +387,18 @@ impl Cluster {
                 },
                 list,
             )
-            .map_err(|e| format!("lay out the cluster: {e}"))
+            .map_err(|e| format!("lay out the cluster: {e}"))?;
+        for (node, extra) in written.iter().zip(&self.spec.cluster_extra) {
+            if extra.is_empty() {
+                continue;
+            }
+            let path = &node.config;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = text.replacen("[cluster]\n", &format!("[cluster]\n{extra}\n"), 1);
+            std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        Ok(written)
     }
 
     /// The cluster's directory (configurations, certificates, logs, data).

@@ -297,11 +297,14 @@ impl Lists {
             .collect()
     }
 
-    /// Whether this node leaves and every other live node of its list has said it knows:
-    /// none of them routes a key to it or gives it rights as a key's owner any more.
-    pub fn leave_acknowledged(&self) -> bool {
+    /// Whether this node leaves and every other node of its list that is `live` (heard
+    /// within `suspect_after`) has said it knows: none of them routes a key to it or gives it
+    /// rights as a key's owner any more. A node that is not heard is not waited for: it can
+    /// give nothing meanwhile, and it hears of the leave, or of the removal, when it is heard
+    /// again (what it gives the leaver before that is what a removal without leaving strands).
+    pub fn leave_acknowledged(&self, live: impl Fn(NodeIdx) -> bool) -> bool {
         self.leaving
-            && self.current.nodes().filter(|&n| n != self.me).all(|n| {
+            && self.current.nodes().filter(|&n| n != self.me && live(n)).all(|n| {
                 self.reported[usize::from(n.0)]
                     .as_ref()
                     .is_some_and(|r| r.leaving.contains(&self.me.0))
@@ -454,7 +457,7 @@ mod tests {
         for n in [0, 1, 3] {
             eu2.reported(NodeIdx(n), four(), vec![], vec![]);
         }
-        assert!(!eu2.leave_acknowledged(), "not leaving yet");
+        assert!(!eu2.leave_acknowledged(|_| true), "not leaving yet");
         eu2.leave();
         assert_eq!(eu2.leaving_to_send(), vec![2]);
         let mut eu1 = agreed_on_four();
@@ -469,9 +472,13 @@ mod tests {
         // eu-2 is done once every live peer said it knows.
         eu2.reported(NodeIdx(0), four(), vec![], eu1.leaving_to_send());
         eu2.reported(NodeIdx(1), four(), vec![], vec![2]);
-        assert!(!eu2.leave_acknowledged(), "us-2 has not said it knows");
+        assert!(!eu2.leave_acknowledged(|_| true), "us-2 has not said it knows");
+        assert!(
+            eu2.leave_acknowledged(|n| n != NodeIdx(3)),
+            "us-2 is not waited for while it is not heard"
+        );
         eu2.reported(NodeIdx(3), four(), vec![], vec![2]);
-        assert!(eu2.leave_acknowledged());
+        assert!(eu2.leave_acknowledged(|_| true));
         // Once removed it is gone, not leaving, and no longer waited for.
         let removed = list(&[
             ("eu-1", "eu", None),

@@ -462,6 +462,9 @@ fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     if old.cluster.is_some() != new.cluster.is_some() {
         return Some("cluster");
     }
+    if old.cluster_wire_version() != new.cluster_wire_version() {
+        return Some("cluster.wire_version");
+    }
     None
 }
 

@@ -29,6 +29,9 @@ pub enum EncodeError {
     /// The encoder failed.
     #[error("cannot encode message: {0}")]
     Encode(String),
+    /// A version this build does not encode (it encodes [`OLDEST_VERSION`] to [`VERSION`]).
+    #[error("cannot encode protocol version {0}: this build encodes {OLDEST_VERSION} to {VERSION}")]
+    Version(u8),
 }
 
 /// Why a frame was refused. Nothing was applied.
@@ -116,19 +119,38 @@ pub(crate) fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
 }
 
-/// Encodes a message as a whole frame (header and payload).
+/// Encodes a message as a whole frame (header and payload) of this build's [`VERSION`].
 pub fn encode_frame(msg: &Message) -> Result<Vec<u8>, EncodeError> {
-    let mut out = vec![0u8; HEADER_BYTES];
     let payload = bincode::serde::encode_to_vec(msg, config())
         .map_err(|e| EncodeError::Encode(e.to_string()))?;
+    framed(VERSION, payload)
+}
+
+/// Encodes a message as a whole frame of protocol `version` ([`OLDEST_VERSION`] or
+/// [`VERSION`]), for peers that decode nothing newer (`cluster.wire_version`). `Ok(None)`:
+/// that version has no such message, and a peer of it would refuse it; it is not sent.
+pub fn encode_frame_as(version: u8, msg: &Message) -> Result<Option<Vec<u8>>, EncodeError> {
+    match version {
+        VERSION => encode_frame(msg).map(Some),
+        1 => match crate::v1::encode_payload_v1(msg)? {
+            Some(payload) => framed(1, payload).map(Some),
+            None => Ok(None),
+        },
+        other => Err(EncodeError::Version(other)),
+    }
+}
+
+/// The header and `payload`, of `version`.
+fn framed(version: u8, payload: Vec<u8>) -> Result<Vec<u8>, EncodeError> {
     if payload.len() > MAX_FRAME_BYTES {
         return Err(EncodeError::TooLarge {
             len: payload.len(),
             max: MAX_FRAME_BYTES,
         });
     }
-    out[0] = VERSION;
-    out[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.push(version);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&payload);
     Ok(out)
 }
@@ -402,6 +424,13 @@ mod tests {
                 hashes: vec![(3, 9)],
             })
         );
+        // Sent as version 1 (`cluster.wire_version = 1`), each is byte for byte what a
+        // version-1 node encodes.
+        for bytes in [&hello[..], &deltas, &chunk, &[4], &[2, 251, 0, 1, 1, 3, 9]] {
+            let frame = framed(1, bytes);
+            let msg = decode_frame(&frame).unwrap();
+            assert_eq!(encode_frame_as(1, &msg).unwrap(), Some(frame), "{msg:?}");
+        }
         // The same version-1 Deltas read as version 2 is not misread: refused.
         assert!(matches!(
             decode_frame(&framed(VERSION, &deltas)),
@@ -417,6 +446,65 @@ mod tests {
             decode_frame(&framed(1, &[4, 0])),
             Err(DecodeError::Corrupted(_))
         ));
+    }
+
+    /// Every message version 1 has goes out as version 1 and comes back as it was (claims,
+    /// which version 1 lacks, are always empty); the messages added since are not sent as
+    /// version 1 at all, and no other version is encoded.
+    #[test]
+    fn messages_sent_as_the_previous_version_come_back_as_they_were() {
+        let forward = Message::Forward {
+            id: 3,
+            checks: vec![ForwardCheck {
+                rule: "r".into(),
+                key: "k".into(),
+                cost: 2,
+                class: Some("gold".into()),
+                dry_run: false,
+                idempotency_key: Some("retry-1".into()),
+                refund: true,
+            }],
+        };
+        let Message::Deltas(batch) = sample() else {
+            unreachable!("sample() is a Deltas")
+        };
+        for msg in [
+            sample(),
+            Message::PullChunk { batch, done: false },
+            Message::Hello(Hello {
+                node: "eu-1".into(),
+                replica_digest: u64::MAX,
+                incarnation: 7,
+            }),
+            Message::BucketRequest {
+                buckets: 256,
+                wanted: vec![0, 255],
+            },
+            Message::PullRequest,
+            Message::PullDeferred,
+            forward,
+            Message::ForwardReply {
+                id: 3,
+                decisions: vec![None],
+            },
+        ] {
+            let frame = encode_frame_as(1, &msg).unwrap().expect("version 1 has it");
+            assert_eq!(frame[0], 1);
+            assert_eq!(decode_frame(&frame).unwrap(), msg);
+        }
+        for newer in [
+            Message::OverrideDigest { hash: 1 },
+            Message::Overrides(Vec::new()),
+        ] {
+            assert_eq!(encode_frame_as(1, &newer).unwrap(), None, "{newer:?}");
+            assert!(encode_frame_as(VERSION, &newer).unwrap().is_some());
+        }
+        for other in [0, VERSION + 1] {
+            assert!(matches!(
+                encode_frame_as(other, &Message::PullRequest),
+                Err(EncodeError::Version(v)) if v == other
+            ));
+        }
     }
 
     #[test]

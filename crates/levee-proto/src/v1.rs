@@ -1,6 +1,8 @@
-//! Decoding of protocol version 1, the version before [`VERSION`](crate::VERSION): a node
+//! Protocol version 1, the version before [`VERSION`](crate::VERSION): its decoding (a node
 //! accepts frames of one version back, so that nodes of two consecutive versions can run side
-//! by side during a rolling upgrade.
+//! by side during a rolling upgrade) and its encoding (a node configured to send version 1,
+//! `cluster.wire_version = 1`, while nodes of the previous build still run: they decode
+//! nothing newer).
 //!
 //! Version 1 differs from version 2 in three places: a batch's keys are a plain sequence (no
 //! block, no deflate); a key's state has no optimistic-mode `claims` (a version-1 node does
@@ -9,9 +11,9 @@
 
 use levee_core::crdt::{BucketReg, DemandReg, EpochSlot, NodeMap, TransferMatrix};
 use levee_core::{KeyCrdt, Lattice};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::frame::{DecodeError, config};
+use crate::frame::{DecodeError, EncodeError, config};
 use crate::message::{DeltaBatch, Digest, ForwardCheck, ForwardDecision, Hello, KeyEntry, Message};
 
 /// A key's replicated state in version 1: [`KeyCrdt`] without `claims`.
@@ -129,4 +131,108 @@ pub(crate) fn decode_payload_v1(payload: &[u8]) -> Result<Message, DecodeError> 
             ));
         }
     })
+}
+
+/// [`KeyCrdtV1`] as it is encoded, borrowed from a [`KeyCrdt`] (whose claims, always empty
+/// since the optimistic mode was removed, version 1 does not have).
+#[derive(Serialize)]
+struct KeyCrdtV1Out<'a> {
+    slots: &'a [EpochSlot],
+    holdings: &'a TransferMatrix,
+    buckets: &'a NodeMap<BucketReg>,
+    demand: &'a NodeMap<DemandReg>,
+}
+
+#[derive(Serialize)]
+struct KeyEntryV1Out<'a> {
+    id: &'a [u8],
+    state: KeyCrdtV1Out<'a>,
+}
+
+#[derive(Serialize)]
+struct DeltaBatchV1Out<'a> {
+    sent_at_ms: u64,
+    ack_ms: u64,
+    keys: Vec<KeyEntryV1Out<'a>>,
+}
+
+impl<'a> From<&'a DeltaBatch> for DeltaBatchV1Out<'a> {
+    fn from(b: &'a DeltaBatch) -> DeltaBatchV1Out<'a> {
+        DeltaBatchV1Out {
+            sent_at_ms: b.sent_at_ms,
+            ack_ms: b.ack_ms,
+            keys: b
+                .keys
+                .iter()
+                .map(|k| KeyEntryV1Out {
+                    id: &k.id,
+                    state: KeyCrdtV1Out {
+                        slots: &k.state.slots,
+                        holdings: &k.state.holdings,
+                        buckets: &k.state.buckets,
+                        demand: &k.state.demand,
+                    },
+                })
+                .collect(),
+        }
+    }
+}
+
+/// [`MessageV1`] as it is encoded: the same variants in the same order (the last one,
+/// `RightsRequest`, is never sent, so it is left out: leaving out a last variant keeps every
+/// other's number).
+#[derive(Serialize)]
+enum MessageV1Out<'a> {
+    Hello(&'a Hello),
+    Deltas(DeltaBatchV1Out<'a>),
+    Digest(&'a Digest),
+    BucketRequest {
+        buckets: u32,
+        wanted: &'a [u32],
+    },
+    PullRequest,
+    PullChunk {
+        batch: DeltaBatchV1Out<'a>,
+        done: bool,
+    },
+    PullDeferred,
+    Forward {
+        id: u64,
+        checks: &'a [ForwardCheck],
+    },
+    ForwardReply {
+        id: u64,
+        decisions: &'a [Option<ForwardDecision>],
+    },
+}
+
+/// Encodes `msg` as a version-1 payload, or `None` for a message version 1 does not have
+/// (`Overrides`, `OverrideDigest`, `Membership`: a node of that version would refuse it).
+pub(crate) fn encode_payload_v1(msg: &Message) -> Result<Option<Vec<u8>>, EncodeError> {
+    let out = match msg {
+        Message::Hello(h) => MessageV1Out::Hello(h),
+        Message::Deltas(b) => MessageV1Out::Deltas(b.into()),
+        Message::Digest(d) => MessageV1Out::Digest(d),
+        Message::BucketRequest { buckets, wanted } => MessageV1Out::BucketRequest {
+            buckets: *buckets,
+            wanted,
+        },
+        Message::PullRequest => MessageV1Out::PullRequest,
+        Message::PullChunk { batch, done } => MessageV1Out::PullChunk {
+            batch: batch.into(),
+            done: *done,
+        },
+        Message::PullDeferred => MessageV1Out::PullDeferred,
+        Message::Forward { id, checks } => MessageV1Out::Forward { id: *id, checks },
+        Message::ForwardReply { id, decisions } => MessageV1Out::ForwardReply {
+            id: *id,
+            decisions,
+        },
+        Message::Overrides(_) | Message::OverrideDigest { .. } | Message::Membership { .. } => {
+            return Ok(None);
+        }
+    };
+    bincode::serde::encode_to_vec(&out, config())
+        .map(Some)
+        .map_err(|e| EncodeError::Encode(e.to_string()))
 }

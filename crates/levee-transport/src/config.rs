@@ -116,6 +116,12 @@ pub struct TransportConfig {
     pub peers: Vec<PeerAddr>,
     /// What this node says first on every connection.
     pub hello: Hello,
+    /// The protocol version of every frame this node sends (`cluster.wire_version`):
+    /// [`levee_proto::VERSION`], or [`levee_proto::OLDEST_VERSION`] while nodes of the
+    /// previous build, which decode nothing newer, still run. Messages that version lacks are
+    /// not sent (counted in `levee_transport_frames_dropped_total{reason="version"}`). Frames
+    /// of either version are decoded whatever this says.
+    pub wire_version: u8,
 }
 
 /// How a link dials its peer: how long a dial may take, and how long it waits after failed

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use levee_proto::{Hello, Message, encode_frame};
+use levee_proto::{Hello, Message};
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 use rustls::pki_types::CertificateDer;
 use tokio::sync::{Semaphore, oneshot};
@@ -355,11 +355,15 @@ async fn serve_bi(
         let _ = send.reset(STREAM_NO_REPLY);
         return;
     };
-    match encode_frame(&reply) {
-        Ok(frame) => match write_frame(&mut send, &frame).await {
+    match shared.encode(&reply) {
+        Ok(Some(frame)) => match write_frame(&mut send, &frame).await {
             Ok(()) => metrics::frame_sent(&peer, frame.len()),
             Err(e) => debug!(peer = %peer, error = %e, "could not write a reply"),
         },
+        Ok(None) => {
+            metrics::frame_dropped(&peer, "version");
+            let _ = send.reset(STREAM_NO_REPLY);
+        }
         Err(e) => {
             metrics::frame_dropped(&peer, "encode");
             warn!(peer = %peer, error = %e, "cannot encode a reply");

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, Weak};
 use std::time::Duration;
 
-use levee_proto::{Message, encode_frame};
+use levee_proto::Message;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
@@ -93,16 +93,15 @@ impl Transport {
                 source,
             })?;
 
-        let hello_frame = encode_frame(&Message::Hello(cfg.hello.clone()))?;
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared::new(
             endpoint,
             cfg.hello,
-            hello_frame,
+            cfg.wire_version,
             inbound_tx,
             shutdown_rx,
-        ));
+        )?);
 
         let mut links = HashMap::new();
         for peer in cfg.peers {
@@ -156,8 +155,12 @@ impl Transport {
             debug!(peer, "dropped a frame for an unknown peer");
             return;
         };
-        match encode_frame(msg) {
-            Ok(frame) => link.enqueue(frame),
+        match self.inner.shared.encode(msg) {
+            Ok(Some(frame)) => link.enqueue(frame),
+            Ok(None) => {
+                metrics::frame_dropped(peer, "version");
+                debug!(peer, "not sent: the configured wire version has no such message");
+            }
             Err(e) => {
                 metrics::frame_dropped(peer, "encode");
                 warn!(peer, error = %e, "cannot encode a message");
@@ -180,7 +183,13 @@ impl Transport {
             .inner
             .link(peer)
             .ok_or_else(|| TransportError::UnknownPeer(peer.to_owned()))?;
-        let frame = encode_frame(msg)?;
+        let frame = self
+            .inner
+            .shared
+            .encode(msg)?
+            .ok_or(TransportError::Encode(levee_proto::EncodeError::Version(
+                self.inner.shared.wire_version(),
+            )))?;
         tokio::time::timeout(timeout, link.request(&frame))
             .await
             .unwrap_or_else(|_| {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use levee_proto::Hello;
+use levee_proto::{EncodeError, Hello, Message};
 use tokio::sync::{mpsc, watch};
 
 use crate::peer_transport::Inbound;
@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) endpoint: quinn::Endpoint,
     pub(crate) hello: Hello,
     pub(crate) hello_frame: Vec<u8>,
+    /// The version of every frame sent (see `TransportConfig::wire_version`).
+    wire_version: u8,
     inbound: mpsc::Sender<Inbound>,
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Per peer id, who to tell that the peer was heard (weak: the links hold `Shared`).
@@ -40,18 +42,32 @@ impl Shared {
     pub(crate) fn new(
         endpoint: quinn::Endpoint,
         hello: Hello,
-        hello_frame: Vec<u8>,
+        wire_version: u8,
         inbound: mpsc::Sender<Inbound>,
         shutdown: watch::Receiver<bool>,
-    ) -> Shared {
-        Shared {
+    ) -> Result<Shared, EncodeError> {
+        let hello_frame = levee_proto::encode_frame_as(wire_version, &Message::Hello(hello.clone()))?
+            .ok_or(EncodeError::Version(wire_version))?;
+        Ok(Shared {
             endpoint,
             hello,
             hello_frame,
+            wire_version,
             inbound,
             shutdown,
             listeners: RwLock::new(HashMap::new()),
-        }
+        })
+    }
+
+    /// The version of every frame sent.
+    pub(crate) fn wire_version(&self) -> u8 {
+        self.wire_version
+    }
+
+    /// `msg` as a frame of this node's wire version; `Ok(None)` if that version has no such
+    /// message (a peer of it would refuse it: it is not sent).
+    pub(crate) fn encode(&self, msg: &Message) -> Result<Option<Vec<u8>>, EncodeError> {
+        levee_proto::encode_frame_as(self.wire_version, msg)
     }
 
     /// Registers who to tell when each peer is heard from, replacing the previous listeners:

@@ -560,6 +560,7 @@ impl Harness for QuicHarness {
             tls: TlsFiles::in_dir(self.pki.path(), id),
             peers,
             hello: hello_of(id, incarnation),
+            wire_version: levee_proto::VERSION,
         };
         // A restarted node's port is free once its predecessor's last task has let go.
         loop {

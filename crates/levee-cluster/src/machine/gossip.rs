@@ -94,7 +94,7 @@ impl Cluster {
             let settling = !self.lists.agreed()
                 || !self.lists.settled()
                 || self.lists.peers_settling()
-                || (self.lists.is_leaving(self.cfg.me) && !self.lists.leave_acknowledged());
+                || (self.lists.is_leaving(self.cfg.me) && !self.leave_acknowledged());
             let every = if settling { 1 } else { 10 };
             self.next_membership = now + every * self.cfg.anti_entropy_interval;
             for &p in &peers {

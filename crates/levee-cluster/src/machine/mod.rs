@@ -257,10 +257,16 @@ impl Cluster {
         self.next_membership = now + self.cfg.anti_entropy_interval;
     }
 
-    /// Whether this node leaves and every other live node knows it: none routes a key to it
-    /// or gives it rights as a key's owner any more.
+    /// Whether this node leaves and every other node it hears knows it: none routes a key to
+    /// it or gives it rights as a key's owner any more ([`Lists::leave_acknowledged`]).
     pub fn leave_acknowledged(&self) -> bool {
-        self.lists.leave_acknowledged()
+        self.lists
+            .leave_acknowledged(|n| self.membership.is_reachable(n))
+    }
+
+    /// Whether this node hears `peer` (heard from within `suspect_after`).
+    pub fn hears(&self, peer: NodeIdx) -> bool {
+        self.membership.is_reachable(peer)
     }
 
     /// `from` says it runs `list`, bounded by `floors`, and knows the nodes at `leaving` are

@@ -78,6 +78,15 @@ impl Config {
         Ok(config)
     }
 
+    /// The protocol version of the frames this node sends (`cluster.wire_version`, by
+    /// default this build's `levee_proto::VERSION`).
+    pub fn cluster_wire_version(&self) -> u8 {
+        self.cluster
+            .as_ref()
+            .and_then(|c| c.wire_version)
+            .unwrap_or(levee_proto::VERSION)
+    }
+
     /// The embedded default configuration.
     pub fn embedded() -> Config {
         Config::parse(DEFAULT_CONFIG, "<embedded>").expect("the embedded configuration is valid")
@@ -288,6 +297,19 @@ impl Config {
                         line_of_key("gossip_interval"),
                         "cluster.gossip_interval",
                         "must be at least 1ms".into(),
+                    ));
+                }
+                if let Some(v) = cluster.wire_version
+                    && !(levee_proto::OLDEST_VERSION..=levee_proto::VERSION).contains(&v)
+                {
+                    return Err(err(
+                        line_of_key("wire_version"),
+                        "cluster.wire_version",
+                        format!(
+                            "{v}: this build sends protocol version {} (the default) or {} (while nodes of the previous build run)",
+                            levee_proto::VERSION,
+                            levee_proto::OLDEST_VERSION
+                        ),
                     ));
                 }
                 if cluster.suspect_after <= cluster.gossip_interval {

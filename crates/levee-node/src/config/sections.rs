@@ -209,6 +209,11 @@ pub struct ClusterSection {
     /// The agreed node list.
     #[serde(default, rename = "node")]
     pub nodes: Vec<ClusterNode>,
+    /// The protocol version of the frames this node sends: absent (this build's,
+    /// `levee_proto::VERSION`), or the one before while nodes of the previous build still run
+    /// (they decode nothing newer). For a rolling upgrade (docs/operations.md, "Upgrading").
+    #[serde(default)]
+    pub wire_version: Option<u8>,
 }
 
 fn default_gossip_interval() -> HumanDuration {

@@ -34,8 +34,8 @@ pub(super) struct LeaveQuery {
 #[derive(Serialize, ToSchema)]
 #[schema(as = Leave)]
 pub(super) struct LeaveJson {
-    /// Every live peer knows this node is leaving and it holds nothing beyond what it used:
-    /// it can be stopped and removed from the list with nothing lost.
+    /// Every peer it hears knows this node is leaving and it holds nothing beyond what it
+    /// used: it can be stopped and removed from the list with nothing lost.
     left: bool,
     /// Rights (tokens) given to other nodes since it started leaving.
     handed_over: u64,
@@ -43,8 +43,12 @@ pub(super) struct LeaveJson {
     keys_holding: usize,
     /// Rights it still holds beyond what it used (0 once left).
     holding: u64,
-    /// The live peers that have not yet said they know it is leaving.
+    /// The peers it hears that have not yet said they know it is leaving.
     not_acknowledged: Vec<String>,
+    /// The peers it does not hear (none within `cluster.suspect_after`): not waited for. They
+    /// learn of the leave, or of the removal, when they are heard again; what they give this
+    /// node before that is out of service until the removal's growth applies.
+    unreachable: Vec<String>,
     /// What to do next.
     message: String,
 }
@@ -106,10 +110,18 @@ async fn leave_checked(
     let p = repl
         .leave(app.as_ref(), Duration::from_millis(wait_ms))
         .await;
-    let (status, message) = if p.done {
+    let (status, message) = if p.done && p.unreachable.is_empty() {
         (
             StatusCode::OK,
             "this node holds nothing and every peer knows it is leaving: stop it, then mark it removed (removed = true) in every node's list".to_owned(),
+        )
+    } else if p.done {
+        (
+            StatusCode::OK,
+            format!(
+                "this node holds nothing and every peer it hears knows it is leaving: stop it, then mark it removed (removed = true) in every node's list; {} not heard, not told: they learn of it when heard again",
+                p.unreachable.join(", ")
+            ),
         )
     } else if !p.not_acknowledged.is_empty() {
         (
@@ -136,6 +148,7 @@ async fn leave_checked(
             keys_holding: p.keys_holding,
             holding: p.holding,
             not_acknowledged: p.not_acknowledged,
+            unreachable: p.unreachable,
             message,
         },
     ))

@@ -32,8 +32,10 @@ pub struct LeaveProgress {
     pub keys_holding: usize,
     /// Rights it still holds beyond what it used.
     pub holding: u64,
-    /// The live peers that have not yet said they know it is leaving.
+    /// The peers it hears that have not yet said they know it is leaving.
     pub not_acknowledged: Vec<String>,
+    /// The peers it does not hear (not heard within `suspect_after`): not waited for.
+    pub unreachable: Vec<String>,
 }
 
 impl Replication {
@@ -84,7 +86,7 @@ impl Replication {
     fn leave_progress<H: ClusterHost>(&self, host: &H) -> LeaveProgress {
         let limiter = host.limiter();
         let now = limiter.clock.now_ms();
-        let (acknowledged, not_acknowledged, given) = {
+        let (acknowledged, (not_acknowledged, unreachable), given) = {
             let c = self.cluster.lock();
             (
                 c.leave_acknowledged(),
@@ -113,23 +115,32 @@ impl Replication {
             keys_holding,
             holding,
             not_acknowledged,
+            unreachable,
         }
     }
 
-    /// The ids of the live peers that have not said they know this node is leaving.
-    fn not_acknowledging(&self, c: &Cluster) -> Vec<String> {
+    /// The ids of the peers it hears that have not said they know this node is leaving, and
+    /// of the peers it does not hear (not waited for, see `Lists::leave_acknowledged`).
+    fn not_acknowledging(&self, c: &Cluster) -> (Vec<String>, Vec<String>) {
         let lists = c.lists();
-        lists
+        let (heard, unheard): (Vec<_>, Vec<_>) = lists
             .current()
             .nodes()
             .filter(|&n| n != self.me)
+            .partition(|&n| c.hears(n));
+        let not_acknowledged = heard
+            .into_iter()
             .filter(|&n| {
                 !lists
                     .report(n)
                     .is_some_and(|r| r.leaving.contains(&self.me.0))
             })
             .map(|n| self.id_of(n))
-            .collect()
+            .collect();
+        (
+            not_acknowledged,
+            unheard.into_iter().map(|n| self.id_of(n)).collect(),
+        )
     }
 
     /// Sends what changed since the last interval (the last gifts) at once, and waits until
