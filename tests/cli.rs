@@ -6,33 +6,13 @@ use std::fs::File;
 use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
-use levee_blackbox::{free_port, levee, levee_binary, send_signal, wait_until};
+use levee_blackbox::{free_port, levee, levee_binary, send_signal, text, wait_until};
 
-/// A base port below which `count` consecutive ports are free for TCP and UDP on 127.0.0.1
-/// (under the ephemeral range, as the cluster harness picks them).
-/// Every call starts from its own block, so tests running at once do not pick the same ports.
+/// `count` consecutive free ports for a cluster of this file (its own block of ports).
 fn free_range(count: u16) -> u16 {
-    static CALLS: AtomicU16 = AtomicU16::new(0);
-    let call = CALLS.fetch_add(1, Ordering::Relaxed);
-    let start = 20_000 + (std::process::id() % 500) as u16 * 16 + call * 400 % 4_000;
-    let mut base = start;
-    loop {
-        let all_free = (base..base + count).all(|p| {
-            TcpListener::bind(("127.0.0.1", p)).is_ok() && UdpSocket::bind(("127.0.0.1", p)).is_ok()
-        });
-        if all_free {
-            return base;
-        }
-        base += count;
-        assert!(base < 32_000, "no {count} free ports from {start}");
-    }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+    levee_blackbox::free_port_range(20_000, count)
 }
 
 /// `levee cluster ARGS`, to its end (it exits by itself in these tests).
@@ -145,16 +125,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            send_signal(self.child.id(), "TERM");
-            let stopped = wait_until(Duration::from_secs(20), || {
-                matches!(self.child.try_wait(), Ok(Some(_)))
-            });
-            if !stopped {
-                let _ = self.child.kill();
-            }
-        }
-        let _ = self.child.wait();
+        levee_blackbox::stop_child(&mut self.child, Duration::from_secs(20));
     }
 }
 

@@ -393,8 +393,8 @@ impl Cluster {
                 continue;
             }
             let path = &node.config;
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
             let text = text.replacen("[cluster]\n", &format!("[cluster]\n{extra}\n"), 1);
             std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
         }

@@ -14,10 +14,11 @@
 
 use std::fs::File;
 use std::io::Write as _;
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -167,6 +168,32 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local address").port()
+}
+
+/// A base port, from `floor` up (below 32000, under the ephemeral range), from which `count`
+/// consecutive ports are free for TCP and UDP on 127.0.0.1 a moment ago. Every call starts
+/// from its own block (by process and call), so tests running at once do not pick the same
+/// ports; give each test file its own `floor`.
+pub fn free_port_range(floor: u16, count: u16) -> u16 {
+    static CALLS: AtomicU16 = AtomicU16::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let start = floor + (std::process::id() % 500) as u16 * 16 + call * 400 % 4_000;
+    let mut base = start;
+    loop {
+        let all_free = (base..base + count).all(|p| {
+            TcpListener::bind(("127.0.0.1", p)).is_ok() && UdpSocket::bind(("127.0.0.1", p)).is_ok()
+        });
+        if all_free {
+            return base;
+        }
+        base += count;
+        assert!(base < 32_000, "no {count} free ports from {start}");
+    }
+}
+
+/// Bytes (a process's output) as text, invalid UTF-8 replaced.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Percent-encodes one path segment (everything but unreserved characters).
@@ -892,6 +919,19 @@ pub fn send_signal(pid: u32, signal: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Stops `child` if it still runs (SIGTERM, then SIGKILL after `grace`) and reaps it; a child
+/// that exited already is only reaped, never signalled.
+pub fn stop_child(child: &mut Child, grace: Duration) {
+    if matches!(child.try_wait(), Ok(None)) {
+        send_signal(child.id(), "TERM");
+        let stopped = wait_until(grace, || matches!(child.try_wait(), Ok(Some(_))));
+        if !stopped {
+            let _ = child.kill();
+        }
+    }
+    let _ = child.wait();
 }
 
 fn write_file(path: &Path, text: &str) {

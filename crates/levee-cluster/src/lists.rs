@@ -304,11 +304,15 @@ impl Lists {
     /// again (what it gives the leaver before that is what a removal without leaving strands).
     pub fn leave_acknowledged(&self, live: impl Fn(NodeIdx) -> bool) -> bool {
         self.leaving
-            && self.current.nodes().filter(|&n| n != self.me && live(n)).all(|n| {
-                self.reported[usize::from(n.0)]
-                    .as_ref()
-                    .is_some_and(|r| r.leaving.contains(&self.me.0))
-            })
+            && self
+                .current
+                .nodes()
+                .filter(|&n| n != self.me && live(n))
+                .all(|n| {
+                    self.reported[usize::from(n.0)]
+                        .as_ref()
+                        .is_some_and(|r| r.leaving.contains(&self.me.0))
+                })
     }
 
     fn acknowledged(&self, n: NodeIdx) -> bool {
@@ -472,7 +476,10 @@ mod tests {
         // eu-2 is done once every live peer said it knows.
         eu2.reported(NodeIdx(0), four(), vec![], eu1.leaving_to_send());
         eu2.reported(NodeIdx(1), four(), vec![], vec![2]);
-        assert!(!eu2.leave_acknowledged(|_| true), "us-2 has not said it knows");
+        assert!(
+            !eu2.leave_acknowledged(|_| true),
+            "us-2 has not said it knows"
+        );
         assert!(
             eu2.leave_acknowledged(|n| n != NodeIdx(3)),
             "us-2 is not waited for while it is not heard"

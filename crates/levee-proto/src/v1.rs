@@ -224,10 +224,9 @@ pub(crate) fn encode_payload_v1(msg: &Message) -> Result<Option<Vec<u8>>, Encode
         },
         Message::PullDeferred => MessageV1Out::PullDeferred,
         Message::Forward { id, checks } => MessageV1Out::Forward { id: *id, checks },
-        Message::ForwardReply { id, decisions } => MessageV1Out::ForwardReply {
-            id: *id,
-            decisions,
-        },
+        Message::ForwardReply { id, decisions } => {
+            MessageV1Out::ForwardReply { id: *id, decisions }
+        }
         Message::Overrides(_) | Message::OverrideDigest { .. } | Message::Membership { .. } => {
             return Ok(None);
         }

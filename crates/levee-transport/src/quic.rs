@@ -159,7 +159,10 @@ impl Transport {
             Ok(Some(frame)) => link.enqueue(frame),
             Ok(None) => {
                 metrics::frame_dropped(peer, "version");
-                debug!(peer, "not sent: the configured wire version has no such message");
+                debug!(
+                    peer,
+                    "not sent: the configured wire version has no such message"
+                );
             }
             Err(e) => {
                 metrics::frame_dropped(peer, "encode");

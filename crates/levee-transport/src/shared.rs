@@ -46,8 +46,9 @@ impl Shared {
         inbound: mpsc::Sender<Inbound>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Shared, EncodeError> {
-        let hello_frame = levee_proto::encode_frame_as(wire_version, &Message::Hello(hello.clone()))?
-            .ok_or(EncodeError::Version(wire_version))?;
+        let hello_frame =
+            levee_proto::encode_frame_as(wire_version, &Message::Hello(hello.clone()))?
+                .ok_or(EncodeError::Version(wire_version))?;
         Ok(Shared {
             endpoint,
             hello,

@@ -906,8 +906,7 @@ async fn set_peers_dials_a_moved_peer_at_its_new_address() {
 /// frames, which this build's nodes decode as the messages they were; a message version 1
 /// does not have is not sent at all (a version-1 node would refuse it) and is counted.
 #[tokio::test]
-async fn a_node_sending_the_previous_version_is_understood_and_sends_nothing_that_version_lacks()
-{
+async fn a_node_sending_the_previous_version_is_understood_and_sends_nothing_that_version_lacks() {
     let recorder = DebuggingRecorder::new();
     let mut counters = Counters::new(&recorder);
     let _local = metrics::set_default_local_recorder(&recorder);
