@@ -321,6 +321,12 @@ fn a_keys_owner_that_leaves_hands_its_rights_over_and_is_removed_with_nothing_st
         "eu-1 shows eu-2 leaving: {states:?}"
     );
     assert_eq!(c.usage(eu1, rule, key)["owner"], "eu-1");
+    // Load balancers stop sending it checks.
+    let ready = c.get(eu2, "/readyz");
+    assert!(
+        ready.status == 503 && ready.body.contains("leaving"),
+        "{ready:?}"
+    );
     // Asked again, it is still done: nothing came back to it.
     let again =
         c.c.post(eu2, "/admin/leave?wait_ms=2000", "")

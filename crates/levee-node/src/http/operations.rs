@@ -34,8 +34,8 @@ pub(super) async fn healthz() -> Response {
     json_response(StatusCode::OK, &HealthJson { status: "ok" })
 }
 
-/// `GET /readyz`: `200` once the node is ready, `503 unavailable` while it is starting or once
-/// it is shutting down.
+/// `GET /readyz`: `200` once the node is ready, `503 unavailable` while it is starting, once
+/// it is shutting down, and once it is leaving the cluster (`POST /admin/leave`).
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -43,15 +43,19 @@ pub(super) async fn healthz() -> Response {
     summary = "Readiness",
     responses(
         (status = 200, description = "ready", body = HealthJson),
-        (status = 503, description = "starting or shutting down", body = super::response::ErrorJson<'_>),
+        (status = 503, description = "starting, shutting down, or leaving the cluster", body = super::response::ErrorJson<'_>),
     ),
 )]
 pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.ready.load(Ordering::Acquire) && !app.shutting_down.load(Ordering::Acquire) {
+    let leaving = app.replication.as_ref().is_some_and(|r| r.is_leaving());
+    if app.ready.load(Ordering::Acquire) && !app.shutting_down.load(Ordering::Acquire) && !leaving
+    {
         json_response(StatusCode::OK, &HealthJson { status: "ready" })
     } else {
         let why = if app.shutting_down.load(Ordering::Acquire) {
             "shutting down"
+        } else if leaving {
+            "leaving the cluster (POST /admin/leave): it owns no key; stop it, then mark it removed in every node's list"
         } else {
             "starting"
         };

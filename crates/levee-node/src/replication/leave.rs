@@ -39,6 +39,12 @@ pub struct LeaveProgress {
 }
 
 impl Replication {
+    /// Whether this node is leaving (`POST /admin/leave` since it started): `/readyz` then
+    /// answers 503, so that load balancers stop sending it checks.
+    pub fn is_leaving(&self) -> bool {
+        self.cluster.lock().lists().is_leaving(self.me)
+    }
+
     /// Starts leaving (nothing more if it already is) and waits up to `within` until it is
     /// done: every live peer knows and the node holds nothing. Calling it again goes on.
     pub async fn leave<H: ClusterHost>(
