@@ -48,8 +48,7 @@ pub(super) async fn healthz() -> Response {
 )]
 pub(super) async fn readyz(State(app): State<Arc<App>>) -> Response {
     let leaving = app.replication.as_ref().is_some_and(|r| r.is_leaving());
-    if app.ready.load(Ordering::Acquire) && !app.shutting_down.load(Ordering::Acquire) && !leaving
-    {
+    if app.ready.load(Ordering::Acquire) && !app.shutting_down.load(Ordering::Acquire) && !leaving {
         json_response(StatusCode::OK, &HealthJson { status: "ready" })
     } else {
         let why = if app.shutting_down.load(Ordering::Acquire) {

@@ -1,0 +1,110 @@
+//! Long windows (a day quota) across a crash: what a key's owner that dies holding most of
+//! the day's rights strands, and for how long (issue #13, "dead nodes do not strand long
+//! windows"). Real `levee serve` processes on loopback; the harness is `tests/harness/`.
+
+#[allow(
+    dead_code,
+    reason = "shared by the cluster tests, each of which uses part of it"
+)]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::*;
+
+/// Checks of `rule`/`key` round robin over `nodes` until the cluster admits no more: every
+/// node of a round denies with a `retry_after_ms` beyond a minute (the rights of the day are
+/// spent or out of reach), or `limit` are admitted, or `within` passes. A denial with a short
+/// retry is waited out. Returns the admissions.
+fn admit_until_spent(
+    c: &LocalClusterHandle,
+    nodes: &[usize],
+    rule: &str,
+    key: &str,
+    limit: u64,
+    within: Duration,
+) -> u64 {
+    let deadline = Instant::now() + within;
+    let mut admitted = 0u64;
+    while admitted < limit && Instant::now() < deadline {
+        let mut spent_everywhere = true;
+        let mut shortest = u64::MAX;
+        for &n in nodes {
+            let r = c.check(n, rule, key);
+            if r.allowed() {
+                admitted += 1;
+                spent_everywhere = false;
+                continue;
+            }
+            let retry = r.json["retry_after_ms"].as_u64().unwrap_or(u64::MAX);
+            if retry <= 60_000 {
+                spent_everywhere = false;
+                shortest = shortest.min(retry);
+            }
+        }
+        if spent_everywhere {
+            break;
+        }
+        if shortest < u64::MAX {
+            std::thread::sleep(Duration::from_millis(shortest.clamp(1, 1_000)));
+        }
+    }
+    admitted
+}
+
+/// eu-2 owns a day-quota key and has gathered its region's rights of it when it is killed
+/// (`kill -9`): while it is down the others admit only what they hold, and the rest of the
+/// day's limit is stranded with it; restarted on its data directory, it pulls its own state
+/// back from its peers, and the cluster admits exactly the day's limit.
+#[test]
+fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let rule = "daily";
+    avoid_window_edge(DAY_MS, 120_000);
+    let key = (0..1_000)
+        .map(|i| format!("crashed-owner-{i}"))
+        .find(|k| c.usage(eu1, rule, k)["owner"] == "eu-2")
+        .expect("a key eu-2 owns");
+    let key = key.as_str();
+    const BEFORE: u64 = 50;
+    c.admit_retrying(eu2, rule, key, BEFORE);
+    // The owner gathers its region's rights: give it a moment to hold them.
+    std::thread::sleep(Duration::from_millis(300));
+
+    c.kill9(eu2);
+    let down = Instant::now();
+    let during = admit_until_spent(
+        &c,
+        &[eu1, us1, us2],
+        rule,
+        key,
+        DAILY_LIMIT,
+        Duration::from_secs(20),
+    );
+    let stranded = DAILY_LIMIT - BEFORE - during;
+    c.start_node(eu2);
+    let downtime = down.elapsed();
+    let after = admit_until_spent(
+        &c,
+        &[eu1, eu2, us1, us2],
+        rule,
+        key,
+        DAILY_LIMIT,
+        Duration::from_secs(20),
+    );
+    eprintln!(
+        "admitted {BEFORE} before eu-2 was killed, {during} while it was down ({stranded} of the day's {DAILY_LIMIT} stranded with it for {downtime:?}), {after} once it was back"
+    );
+    assert!(
+        during < DAILY_LIMIT - BEFORE,
+        "nothing was stranded with the dead owner ({during} admitted while it was down): the test does not test what it says"
+    );
+    assert_eq!(
+        BEFORE + during + after,
+        DAILY_LIMIT,
+        "{BEFORE} before, {during} while eu-2 was down, {after} after its restart"
+    );
+    let all = [eu1, eu2, us1, us2];
+    c.wait_agreement(&all, rule, key, READY_TIMEOUT, |v| v.used == DAILY_LIMIT);
+}
