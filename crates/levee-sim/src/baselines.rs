@@ -75,6 +75,8 @@ impl<'p, P: Clone> World<'p, P> {
                 FaultKind::Freeze { node } => self.up[node] = false,
                 // A region's part of the limit does not depend on its nodes.
                 FaultKind::Reload { .. } => {}
+                // Nothing is held per node.
+                FaultKind::Leave { node } => self.up[node] = false,
             }
             self.next_fault += 1;
         }

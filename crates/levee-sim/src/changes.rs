@@ -114,6 +114,19 @@ impl Changes {
         self.publish(rng, next, removal);
     }
 
+    /// A node leaves at `at` (`POST /admin/leave`), is stopped a few seconds later (by then
+    /// it has handed what it held over, unless a partition kept it from its peers), and is
+    /// removed after that: the operator's way of removing a node (docs/membership.md).
+    fn leave_remove(&mut self, rng: &mut SeededRng, at: u64) {
+        let Some(n) = self.pick(rng) else { return };
+        self.push(at, FaultKind::Leave { node: n });
+        let stop = at + rng.range(2_000, 4_000);
+        self.push(stop, FaultKind::Crash { node: n });
+        let next = self.latest().with_removed(n);
+        let removal = stop + rng.range(100, 1_000);
+        self.publish(rng, next, removal);
+    }
+
     /// A node is frozen at `at`, removed, and goes on with its old list: as the operator
     /// should (`seen`: frozen long enough for every peer to see it unreachable, and going on
     /// only once every node has reloaded), or at any time (`seen` false).
@@ -249,6 +262,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
             }
         }
         Scenario::RemoveDead => c.remove_dead(&mut rng, t),
+        Scenario::Leave => c.leave_remove(&mut rng, t),
         Scenario::Reweight => c.reweight(&mut rng, t),
         Scenario::FrozenRemoved => c.freeze_remove(&mut rng, t, true, protocol.suspect_after),
         Scenario::RemovedAlive => c.freeze_remove(&mut rng, t, false, protocol.suspect_after),
@@ -339,6 +353,7 @@ mod tests {
                 Scenario::FrozenRemoved,
                 Scenario::RemovedAlive,
                 Scenario::Churn,
+                Scenario::Leave,
             ] {
                 let p = s.plan(seed);
                 let last = p.final_list();
@@ -356,6 +371,12 @@ mod tests {
                         .min()
                         .unwrap();
                     assert!(stopped.is_some_and(|f| f.at <= removed_at), "{seed} {n}");
+                    if s == Scenario::Leave {
+                        let left = p.faults.iter().find(
+                            |f| matches!(f.kind, FaultKind::Leave { node } if node == n),
+                        );
+                        assert!(left.is_some_and(|l| stopped.is_some_and(|f| l.at < f.at)));
+                    }
                     assert!(
                         !p.faults.iter().any(
                             |f| matches!(f.kind, FaultKind::Restart { node, .. } if node == n)

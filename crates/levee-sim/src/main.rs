@@ -33,7 +33,7 @@ struct Cli {
     /// The scenario: steady, skewed, hot-region, bursts, many-keys, region-isolated,
     /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
     /// back-to-back, light-keys (the demand set); grow, remove-dead, reweight, frozen-removed,
-    /// churn, removed-alive, grow-reordered (the membership set).
+    /// churn, removed-alive, grow-reordered, leave (the membership set).
     #[arg(long)]
     scenario: Option<String>,
     /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults),

@@ -201,6 +201,13 @@ pub enum FaultKind {
         /// The node.
         node: usize,
     },
+    /// The operator asks the node to leave (`POST /admin/leave`, `Cluster::leave`): it owns
+    /// no key from then on, hands what it holds to the keys' owners, and the load balancer
+    /// sends it nothing more (its `/readyz` answers 503).
+    Leave {
+        /// The node.
+        node: usize,
+    },
 }
 
 impl FaultKind {

@@ -63,6 +63,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             FaultKind::Reload { node, list } => format!("reload node {node} with list {list}"),
             FaultKind::Freeze { node } => format!("freeze node {node}"),
             FaultKind::Thaw { node } => format!("thaw node {node}"),
+            FaultKind::Leave { node } => format!("node {node} leaves (POST /admin/leave)"),
         };
         let _ = writeln!(s, "  {:>6} ms  {what}", f.at);
     }

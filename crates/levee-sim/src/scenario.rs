@@ -67,6 +67,9 @@ pub enum Scenario {
     RemovedAlive,
     /// Nodes added, removed and re-weighted, the changes overlapping.
     Churn,
+    /// A node leaves (`POST /admin/leave`: it hands what it holds over), is stopped, then
+    /// removed from the list.
+    Leave,
     /// As [`Scenario::Grow`], with the classic scenarios' jitter, reordering and duplication
     /// on every link: frames between two nodes may overtake each other, which TCP never
     /// lets them do (it found a hole, closed since: see [`Scenario::MEMBERSHIP`]).
@@ -104,7 +107,7 @@ impl Scenario {
     /// removed node their list only when they heard it again after it was unreachable), and a
     /// new node whose pull was answered before it heard any list (a frame overtaken) was
     /// synced with its full share under the new list.
-    pub const MEMBERSHIP: [Scenario; 7] = [
+    pub const MEMBERSHIP: [Scenario; 8] = [
         Scenario::Grow,
         Scenario::RemoveDead,
         Scenario::Reweight,
@@ -112,6 +115,7 @@ impl Scenario {
         Scenario::Churn,
         Scenario::RemovedAlive,
         Scenario::GrowReordered,
+        Scenario::Leave,
     ];
 
     /// Every scenario of every set.
@@ -146,6 +150,7 @@ impl Scenario {
             Scenario::RemovedAlive => "removed-alive",
             Scenario::GrowReordered => "grow-reordered",
             Scenario::Churn => "churn",
+            Scenario::Leave => "leave",
         }
     }
 

@@ -53,6 +53,14 @@ impl<'p> Driver<'p> {
             FaultKind::Reload { node, list } => self.reload(node, list),
             FaultKind::Freeze { node } => self.nodes[node].frozen = true,
             FaultKind::Thaw { node } => self.thaw(node),
+            FaultKind::Leave { node } => {
+                if !self.nodes[node].up || self.nodes[node].frozen {
+                    return;
+                }
+                let now = self.clock(node);
+                self.nodes[node].cluster.leave(now);
+                self.flush(node);
+            }
         }
     }
 

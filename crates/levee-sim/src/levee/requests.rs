@@ -9,7 +9,11 @@ impl<'p> Driver<'p> {
         let live: Vec<usize> = self.members[region]
             .iter()
             .copied()
-            .filter(|&n| self.nodes[n].up && !self.nodes[n].frozen)
+            .filter(|&n| {
+                let node = &self.nodes[n];
+                // A leaving node answers `/readyz` with 503: the load balancer skips it.
+                node.up && !node.frozen && !node.cluster.lists().is_leaving(NodeIdx(n as u16))
+            })
             .collect();
         if live.is_empty() {
             // Nobody to ask: the request fails.
