@@ -372,9 +372,10 @@ mod tests {
                         .unwrap();
                     assert!(stopped.is_some_and(|f| f.at <= removed_at), "{seed} {n}");
                     if s == Scenario::Leave {
-                        let left = p.faults.iter().find(
-                            |f| matches!(f.kind, FaultKind::Leave { node } if node == n),
-                        );
+                        let left = p
+                            .faults
+                            .iter()
+                            .find(|f| matches!(f.kind, FaultKind::Leave { node } if node == n));
                         assert!(left.is_some_and(|l| stopped.is_some_and(|f| l.at < f.at)));
                     }
                     assert!(
