@@ -62,15 +62,9 @@ fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
     let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
     let rule = "daily";
     avoid_window_edge(DAY_MS, 120_000);
-    let key = (0..1_000)
-        .map(|i| format!("crashed-owner-{i}"))
-        .find(|k| c.usage(eu1, rule, k)["owner"] == "eu-2")
-        .expect("a key eu-2 owns");
-    let key = key.as_str();
     const BEFORE: u64 = 50;
-    c.admit_retrying(eu2, rule, key, BEFORE);
-    // The owner gathers its region's rights: give it a moment to hold them.
-    std::thread::sleep(Duration::from_millis(300));
+    let key = c.day_key_held_by_eu2("crashed-owner", BEFORE);
+    let key = key.as_str();
 
     c.kill9(eu2);
     let down = Instant::now();

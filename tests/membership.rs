@@ -297,15 +297,9 @@ fn a_keys_owner_that_leaves_hands_its_rights_over_and_is_removed_with_nothing_st
     let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
     let rule = "daily";
     avoid_window_edge(DAY_MS, 120_000);
-    let key = (0..1_000)
-        .map(|i| format!("leaving-{i}"))
-        .find(|k| c.usage(eu1, rule, k)["owner"] == "eu-2")
-        .expect("a key eu-2 owns");
-    let key = key.as_str();
     const BEFORE: u64 = 50;
-    c.admit_retrying(eu2, rule, key, BEFORE);
-    // The owner gathers its region's rights: give it a moment to hold them.
-    std::thread::sleep(Duration::from_millis(300));
+    let key = c.day_key_held_by_eu2("leaving", BEFORE);
+    let key = key.as_str();
 
     let r =
         c.c.post(eu2, "/admin/leave?wait_ms=4000", "")
@@ -396,12 +390,8 @@ fn with_half_the_nodes_on_the_previous_wire_version_the_limit_holds_and_the_upgr
     let all = [eu1, eu2, us1, us2];
     let rule = "daily";
     avoid_window_edge(DAY_MS, 120_000);
-    let key_owned_by = |c: &LocalClusterHandle, owner: &str, tag: &str| {
-        (0..1_000)
-            .map(|i| format!("upgrade-{tag}-{i}"))
-            .find(|k| c.usage(eu1, rule, k)["owner"] == owner)
-            .unwrap_or_else(|| panic!("a key {owner} owns"))
-    };
+    let key_owned_by =
+        |c: &LocalClusterHandle, owner: &str, tag: &str| c.key_owned_by(eu1, rule, owner, tag);
     // Round robin over the four nodes, a third more checks than the limit: each node forwards
     // the keys it does not own in its region.
     let run = |c: &LocalClusterHandle, key: &str| {

@@ -314,6 +314,24 @@ impl LocalClusterHandle {
         );
     }
 
+    /// A key of `rule`, `<prefix>-<n>`, whose owner node `at` names `owner`.
+    pub(crate) fn key_owned_by(&self, at: usize, rule: &str, owner: &str, prefix: &str) -> String {
+        (0..1_000)
+            .map(|i| format!("{prefix}-{i}"))
+            .find(|k| self.usage(at, rule, k)["owner"] == owner)
+            .unwrap_or_else(|| panic!("no key {prefix}-… of {rule} that {owner} owns"))
+    }
+
+    /// A key of `daily` that eu-2 (node 1) owns, of which it has admitted `before` and then
+    /// gathered its region's rights.
+    pub(crate) fn day_key_held_by_eu2(&self, prefix: &str, before: u64) -> String {
+        let key = self.key_owned_by(0, "daily", "eu-2", prefix);
+        self.admit_retrying(1, "daily", &key, before);
+        // The owner gathers its region's rights: give it a moment to hold them.
+        std::thread::sleep(Duration::from_millis(300));
+        key
+    }
+
     /// `membership` of node `i`'s `/v1/cluster`.
     pub(crate) fn membership(&self, i: usize) -> Value {
         self.status(i)["membership"].clone()
