@@ -54,15 +54,10 @@ fn strict_mode_never_admits_more_than_the_limit_per_window_when_every_node_overl
         a.table(first, windows, PER_SECOND_LIMIT)
     );
     a.assert_clean();
+    a.assert_within(first, windows, PER_SECOND_LIMIT, "");
     let mut admitted = 0;
     for w in first..first + windows {
         let t = a.tally(w);
-        assert!(
-            t.admitted <= PER_SECOND_LIMIT,
-            "window {w} admitted {} > the limit {PER_SECOND_LIMIT}:\n{}",
-            t.admitted,
-            a.table(first, windows, PER_SECOND_LIMIT)
-        );
         // The demand really was over the limit in every window (else the bound proves nothing).
         assert!(
             t.denied > 0 && t.sent > 2 * PER_SECOND_LIMIT,
@@ -131,6 +126,7 @@ fn skewed_demand_admits_at_least_97_percent_of_a_central_counter_from_the_third_
             .collect::<Vec<_>>()
             .join("\n")
     };
+    a.assert_within(first + 2, windows - 2, PER_SECOND_LIMIT, "");
     let mut total = 0.0;
     for w in first + 2..first + windows {
         let t = a.tally(w);
@@ -142,11 +138,6 @@ fn skewed_demand_admits_at_least_97_percent_of_a_central_counter_from_the_third_
             t.sent >= PER_SECOND_LIMIT,
             "window {w}: the load generator fell behind ({} sent)",
             t.sent
-        );
-        assert!(
-            t.admitted <= PER_SECOND_LIMIT,
-            "window {w} admitted {} > the limit",
-            t.admitted
         );
         assert!(
             utilisation >= 0.97,

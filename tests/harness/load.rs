@@ -261,6 +261,21 @@ impl Accounting {
         out
     }
 
+    /// Asserts that no window of `first..first + n` admitted more than `limit`; `context` (a
+    /// table, who admitted what) goes into the failure's message.
+    #[track_caller]
+    pub(crate) fn assert_within(&self, first: u64, n: u64, limit: u64, context: &str) {
+        for w in first..first + n {
+            let t = self.tally(w);
+            assert!(
+                t.admitted <= limit,
+                "window {w} admitted {} > the limit {limit}:\n{}\n{context}",
+                t.admitted,
+                self.table(first, n, limit)
+            );
+        }
+    }
+
     /// Asserts that every check was answered and every admission was attributed consistently.
     #[track_caller]
     pub(crate) fn assert_clean(&self) {

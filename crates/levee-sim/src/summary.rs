@@ -414,24 +414,14 @@ impl Summary {
             s,
             "strict: windows above the limit by no more than usage/gifts a crash forgot: {}{}",
             self.restart_windows,
-            self.restart_excess.map_or(String::new(), |w| format!(
-                " (largest +{:.4} × limit, seed {} --scenario {})",
-                w.value,
-                w.seed,
-                w.scenario.name()
-            ))
+            largest_excess(self.restart_excess)
         );
         if !self.membership.is_empty() {
             let _ = writeln!(
                 s,
                 "strict: windows above the limit by no more than the old shares of removed nodes that went on with their old list (thawed): {}{}",
                 self.ghost_windows,
-                self.ghost_excess.map_or(String::new(), |w| format!(
-                    " (largest +{:.4} × limit, seed {} --scenario {})",
-                    w.value,
-                    w.seed,
-                    w.scenario.name()
-                ))
+                largest_excess(self.ghost_excess)
             );
             let _ = writeln!(s);
             let _ = write!(s, "{}", settle::render(&self.membership));
@@ -561,4 +551,17 @@ pub fn heal_line(heals: &[HealFigure]) -> String {
         per_rtt(|h| h.equal_ms),
         per_rtt(|h| h.dominate_ms),
     )
+}
+
+/// ` (largest +x × limit, seed S --scenario N)` for the worst window above the limit by an
+/// allowance, or nothing if there was none.
+fn largest_excess(w: Option<Witness>) -> String {
+    w.map_or(String::new(), |w| {
+        format!(
+            " (largest +{:.4} × limit, seed {} --scenario {})",
+            w.value,
+            w.seed,
+            w.scenario.name()
+        )
+    })
 }

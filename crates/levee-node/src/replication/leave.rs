@@ -13,10 +13,9 @@
 use std::time::Duration;
 
 use levee_cluster::Cluster;
-use levee_core::Millis;
 
-use super::{CLOSE_ACK_WAIT, ClusterHost, Replication, drain};
-use crate::states::{NodeStates, target_of};
+use super::{ClusterHost, Replication, drain};
+use crate::states::target_of;
 
 /// How often a leaving node looks at what it still holds.
 const LEAVE_POLL: Duration = Duration::from_millis(20);
@@ -76,7 +75,8 @@ impl Replication {
             let progress = self.leave_progress(host);
             if progress.done || tokio::time::Instant::now() >= deadline {
                 if progress.done {
-                    self.flush_gifts(host).await;
+                    // Its last gifts, acknowledged first.
+                    self.flush_and_await(host).await;
                     tracing::info!(
                         handed_over = progress.handed_over,
                         "left: this node holds nothing; it can be stopped and removed from the list"
@@ -147,26 +147,5 @@ impl Replication {
             not_acknowledged,
             unheard.into_iter().map(|n| self.id_of(n)).collect(),
         )
-    }
-
-    /// Sends what changed since the last interval (the last gifts) at once, and waits until
-    /// the reachable peers acknowledge it, for up to [`CLOSE_ACK_WAIT`].
-    async fn flush_gifts<H: ClusterHost>(&self, host: &H) {
-        let now: Millis = host.limiter().clock.now_ms();
-        let (out, sent_at) = {
-            let mut c = self.cluster.lock();
-            let mut digest = self.digest.lock();
-            let mut states = NodeStates::new(host.limiter(), &mut digest);
-            let sent_at = c.flush(now, &mut states);
-            let (out, _) = drain(&mut c);
-            (out, sent_at)
-        };
-        self.send_all(out);
-        let _ = tokio::time::timeout(CLOSE_ACK_WAIT, async {
-            while !self.cluster.lock().acknowledged_since(sent_at) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
     }
 }

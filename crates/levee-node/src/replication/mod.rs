@@ -470,6 +470,14 @@ impl Replication {
         while self.deciding.load(Ordering::SeqCst) > 0 {
             tokio::task::yield_now().await;
         }
+        let acked = self.flush_and_await(host).await;
+        tracing::info!(acked, "last deltas sent to the peers");
+    }
+
+    /// Sends what changed since the last gossip interval to every peer at once, and waits
+    /// up to [`CLOSE_ACK_WAIT`] until the reachable peers acknowledge it; whether they did.
+    /// (Events the flush raises stay queued for the timer task.)
+    pub(super) async fn flush_and_await<H: ClusterHost>(&self, host: &H) -> bool {
         let now = host.limiter().clock.now_ms();
         let (out, sent_at) = {
             let mut c = self.cluster.lock();
@@ -479,14 +487,13 @@ impl Replication {
             (std::iter::from_fn(|| c.poll_transmit()).collect(), sent_at)
         };
         self.send_all(out);
-        let acked = tokio::time::timeout(CLOSE_ACK_WAIT, async {
+        tokio::time::timeout(CLOSE_ACK_WAIT, async {
             while !self.cluster.lock().acknowledged_since(sent_at) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await
-        .is_ok();
-        tracing::info!(acked, "last deltas sent to the peers");
+        .is_ok()
     }
 
     /// Stops the timer and the transport.
