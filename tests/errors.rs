@@ -826,3 +826,63 @@ fn many_bad_requests_in_a_row_change_no_counter() {
     assert_eq!(node.used("per-route", VICTIM), 2);
     assert_eq!(node.used("bucket", VICTIM), 1);
 }
+
+#[test]
+fn a_max_wait_out_of_range_is_400_naming_it() {
+    let node = node();
+    for body in [
+        r#"{"rule": "per-tenant", "key": "victim", "max_wait_ms": 10001}"#,
+        r#"{"rule": "per-tenant", "key": "victim", "max_wait_ms": -1}"#,
+        r#"{"rule": "per-tenant", "key": "victim", "max_wait_ms": "soon"}"#,
+        r#"{"rule": "per-tenant", "key": "victim", "max_wait_ms": 0.5}"#,
+        // An atomic call is answered at once: waiting is for single checks.
+        r#"{"all": [{"rule": "per-tenant", "key": "victim"}], "max_wait_ms": 100}"#,
+    ] {
+        refused(&node, 400, "invalid_request", "max_wait_ms", post(body));
+    }
+    refused(&node, 400, "invalid_request", "checks[1].max_wait_ms", |n: &Node| {
+        n.post_json(
+            "/v1/check/batch",
+            &json!({ "checks": [
+                { "rule": "per-tenant", "key": "victim" },
+                { "rule": "per-tenant", "key": "victim", "max_wait_ms": 20_000 }
+            ] }),
+        )
+    });
+    for bad in ["10001", "-1", "later"] {
+        refused(&node, 400, "invalid_request", "X-RateLimit-Max-Wait", |n: &Node| {
+            n.get_with(
+                "/v1/authz/bucket",
+                &[("x-api-key", VICTIM), ("x-ratelimit-max-wait", bad)],
+            )
+        });
+    }
+}
+
+#[test]
+fn a_single_node_answers_a_check_that_can_wait_at_once() {
+    // A single node holds the whole limit: a deny is never for want of rights, and nothing
+    // waits. `waited_ms` is in the answer of every check that gave `max_wait_ms`.
+    let node = node();
+    let body = json!({ "rule": "per-tenant", "key": "waiter", "max_wait_ms": 10_000 });
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let r = node.post_json("/v1/check", &body);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.json["waited_ms"], 0, "{}", r.body);
+        admitted += u64::from(r.allowed());
+    }
+    assert_eq!(admitted, 3, "per-tenant allows 3 a day");
+    let r = node.post_json("/v1/check", &json!({ "rule": "per-tenant", "key": "waiter" }));
+    assert!(r.json.get("waited_ms").is_none(), "no max_wait_ms, no waited_ms: {}", r.body);
+    let r = node.post_json(
+        "/v1/check/batch",
+        &json!({ "checks": [
+            { "rule": "per-tenant", "key": "waiter2" },
+            { "rule": "per-tenant", "key": "waiter2", "max_wait_ms": 50 }
+        ] }),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.json["results"][0].get("waited_ms").is_none(), "{}", r.body);
+    assert_eq!(r.json["results"][1]["waited_ms"], 0, "{}", r.body);
+}

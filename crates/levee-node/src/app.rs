@@ -32,6 +32,8 @@ pub struct App {
     pub replication: Option<Arc<Replication>>,
     /// Whether the last reload failed (the file on disk differs from the running one).
     reload_failed: AtomicBool,
+    /// Checks waiting for rights now (`max_wait_ms`, see [`crate::wait`]).
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// `/v1/cluster` for a node.
@@ -138,6 +140,7 @@ impl App {
             prometheus,
             replication,
             reload_failed: AtomicBool::new(false),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 

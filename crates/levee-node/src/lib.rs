@@ -20,6 +20,7 @@ pub mod server;
 pub mod snapshot;
 pub mod states;
 pub mod store;
+pub mod wait;
 
 pub use app::App;
 pub use config::{Config, ConfigError};

@@ -1,7 +1,8 @@
 //! `ANY /v1/authz/{rule}`: forward authentication for gateways (Envoy `ext_authz`, Traefik
 //! `ForwardAuth`, Caddy `forward_auth`, nginx `auth_request`). The key comes from the header
 //! or client address the rule's `key_from` names, the cost from `X-RateLimit-Cost`, the class
-//! from `X-RateLimit-Class`. Allowed: `200`, empty body; denied: `429` (or `deny_status`) with
+//! from `X-RateLimit-Class`, how long the caller can wait for rights from
+//! `X-RateLimit-Max-Wait` (ms, `crate::wait`; a single node never waits). Allowed: `200`, empty body; denied: `429` (or `deny_status`) with
 //! `{"error": "rate_limited", "retry_after_ms": N}`; both with the rate-limit headers.
 //!
 //! Two ways in, answering alike: [`authz`] through the router, and the direct path of `Api`
@@ -104,6 +105,7 @@ pub(super) enum AuthzRefusal<'a> {
         AuthzQuery,
         ("X-RateLimit-Cost" = Option<u64>, Header, nullable = false, description = "tokens the request takes (default 1)"),
         ("X-RateLimit-Class" = Option<String>, Header, nullable = false, description = "the consumer class"),
+        ("X-RateLimit-Max-Wait" = Option<u64>, Header, nullable = false, description = "ms the caller can wait for rights when the deny is only this node holding too little (0 to 10000, default 0)"),
     ),
     responses(
         (status = 200, description = "allowed (empty body)", headers(
@@ -140,8 +142,11 @@ pub(super) async fn authz(
     let started = Instant::now();
     let resp = match deny_status(q.deny_status.as_deref()) {
         Ok(status) => match authz_input(&app, &rule, peer, (&method, &uri, &headers)) {
-            Ok(input) => match app.check(input.check(&rule)).await {
-                Ok(out) => {
+            Ok(input) => match app
+                .check_waiting(input.check(&rule), input.max_wait_ms)
+                .await
+            {
+                Ok((out, _waited)) => {
                     if let Some(hold) = authz_hold(&app, started, &out) {
                         tokio::time::sleep(hold).await;
                     }
@@ -211,6 +216,8 @@ pub(super) struct AuthzInput<'a> {
     key: Cow<'a, str>,
     cost: u64,
     class: Option<&'a str>,
+    /// `X-RateLimit-Max-Wait`: how long the caller can wait for rights (`crate::wait`).
+    max_wait_ms: u64,
 }
 
 impl AuthzInput<'_> {
@@ -251,7 +258,7 @@ pub(super) fn authz_input<'a>(
     };
     // One pass over the request's few headers instead of a hashed lookup per name; the first
     // value of each name counts, as `HeaderMap::get` would return it.
-    let (mut key, mut cost, mut class) = (None, None, None);
+    let (mut key, mut cost, mut class, mut max_wait) = (None, None, None, None);
     for (name, value) in headers {
         let name = name.as_str();
         if key.is_none() && key_header == Some(name) {
@@ -262,6 +269,9 @@ pub(super) fn authz_input<'a>(
         }
         if class.is_none() && name == "x-ratelimit-class" {
             class = Some(value);
+        }
+        if max_wait.is_none() && name == "x-ratelimit-max-wait" {
+            max_wait = Some(value);
         }
     }
     let key = match key_header {
@@ -296,7 +306,26 @@ pub(super) fn authz_input<'a>(
             })?,
     };
     let class = class.and_then(|v| v.to_str().ok());
-    Ok(AuthzInput { key, cost, class })
+    let max_wait_ms = match max_wait {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|&ms| ms <= crate::wait::MAX_WAIT_MS)
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "header X-RateLimit-Max-Wait: must be an integer from 0 to {} (ms)",
+                    crate::wait::MAX_WAIT_MS
+                ))
+            })?,
+    };
+    Ok(AuthzInput {
+        key,
+        cost,
+        class,
+        max_wait_ms,
+    })
 }
 
 /// The answer to an `/v1/authz` decision: 200 and an empty body, or the denial status with

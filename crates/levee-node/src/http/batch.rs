@@ -18,8 +18,9 @@ use super::body::{ObjectOnly, decode, json_bytes, strip_position};
 use super::request::{CheckBody, batch_check};
 use super::response::bytes_response;
 use crate::app::App;
-use crate::limiter::{ApiError, CheckRef, Outcome};
+use crate::limiter::{ApiError, CheckRef, Field, Outcome};
 use crate::metrics::Endpoint;
+use crate::wait::max_wait_of;
 
 /// One check of a batch as the fast path reads it: strings borrowed from the body. A string
 /// with an escape cannot be borrowed; such a body (like any body the fast path refuses) goes
@@ -38,6 +39,7 @@ struct FastCheck<'a> {
     idempotency_key: Option<&'a str>,
     #[serde(default)]
     dry_run: bool,
+    max_wait_ms: Option<i64>,
     all: Option<serde::de::IgnoredAny>,
 }
 
@@ -161,12 +163,29 @@ pub fn fuzz_batch_body(bytes: &[u8], max_batch: usize) {
     }
 }
 
+/// Notes check `i`'s `max_wait_ms` in `waits` (which stays empty while no check gives one),
+/// validated.
+fn wait_given(waits: &mut Vec<Option<u64>>, i: usize, v: Option<i64>) -> Result<(), ApiError> {
+    if v.is_some() {
+        waits.resize(i, None);
+        waits.push(Some(max_wait_of(v, Field::Check(i))?));
+    }
+    Ok(())
+}
+
 /// Writes the answer to a batch, `{"results":[…]}`, the same bytes `serde_json` would write
 /// for [`DecisionJson`](super::decision::DecisionJson<'_>)s, straight into `out`. `escaped`:
 /// whether rule and key strings may need escaping; strings the fast path borrowed from the
 /// body never do (they held no backslash, and JSON forbids raw control characters and quotes
-/// in strings).
-fn write_batch(out: &mut Vec<u8>, checks: &[CheckRef<'_>], outs: &[Outcome], escaped: bool) {
+/// in strings). `waited`: per check, how long it waited for rights, for the checks that gave
+/// `max_wait_ms` (empty when none did).
+fn write_batch(
+    out: &mut Vec<u8>,
+    checks: &[CheckRef<'_>],
+    outs: &[Outcome],
+    waited: &[Option<u64>],
+    escaped: bool,
+) {
     let mut n = itoa::Buffer::new();
     let string = |out: &mut Vec<u8>, s: &str| {
         if escaped {
@@ -227,6 +246,10 @@ fn write_batch(out: &mut Vec<u8>, checks: &[CheckRef<'_>], outs: &[Outcome], esc
             out.extend_from_slice(list.as_str().as_bytes());
             out.push(b'"');
         }
+        if let Some(Some(ms)) = waited.get(i) {
+            out.extend_from_slice(b",\"waited_ms\":");
+            out.extend_from_slice(n.format(*ms).as_bytes());
+        }
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
@@ -253,29 +276,43 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
         let bytes = json_bytes(&app, req).await?;
         let slow;
         let escaped;
+        // Each check's `max_wait_ms` as given (validated, in ms).
+        let mut waits: Vec<Option<u64>> = Vec::new();
         let checks: Vec<CheckRef<'_>> = match batch_checks_fast(&bytes) {
             Some(fast) => {
                 if fast.len() > app.max_batch() {
                     return Err(too_many_checks(app.max_batch(), fast.len()));
                 }
                 escaped = false;
-                fast.into_iter()
-                    .enumerate()
-                    .map(|(i, c)| c.check_ref(i))
-                    .collect::<Result<_, _>>()?
+                let mut checks = Vec::with_capacity(fast.len());
+                for (i, c) in fast.into_iter().enumerate() {
+                    checks.push(c.check_ref(i)?);
+                    wait_given(&mut waits, i, c.max_wait_ms)?;
+                }
+                checks
             }
             None => {
                 slow = batch_checks_slow(app.max_batch(), &bytes)?;
                 escaped = true;
-                slow.iter()
-                    .enumerate()
-                    .map(|(i, c)| c.check_ref(i))
-                    .collect::<Result<_, _>>()?
+                let mut checks = Vec::with_capacity(slow.len());
+                for (i, c) in slow.iter().enumerate() {
+                    checks.push(c.check_ref(i)?);
+                    wait_given(&mut waits, i, c.max_wait_ms)?;
+                }
+                checks
             }
         };
-        let outs = app.batch(&checks).await?;
+        let merged = app.merges(waits.iter().any(|w| w.is_some_and(|ms| ms > 0)));
+        let mut outs = app.batch(&checks).await?;
+        let mut waited = Vec::new();
+        if !waits.is_empty() {
+            waits.resize(checks.len(), None);
+            let ms: Vec<u64> = waits.iter().map(|w| w.unwrap_or(0)).collect();
+            let took = app.wait_for_rights(&checks, &mut outs, &ms, merged).await?;
+            waited = waits.iter().zip(took).map(|(w, t)| w.map(|_| t)).collect();
+        }
         let mut body = Vec::with_capacity(16 + checks.len() * 192);
-        write_batch(&mut body, &checks, &outs, escaped);
+        write_batch(&mut body, &checks, &outs, &waited, escaped);
         Ok(bytes_response(StatusCode::OK, body))
     }
     .await;
@@ -337,23 +374,30 @@ mod tests {
                 true,
             ),
         ] {
-            let mut ours = Vec::new();
-            write_batch(&mut ours, &checks, &outs, escaped);
-            let reference = serde_json::to_vec(&BatchJson {
-                results: checks
-                    .iter()
-                    .zip(&outs)
-                    .map(|(c, o)| DecisionJson::new(c.rule, c.key, o))
-                    .collect(),
-            })
-            .unwrap();
-            assert_eq!(
-                String::from_utf8(ours).unwrap(),
-                String::from_utf8(reference).unwrap()
-            );
+            // No check gave max_wait_ms; some did (one waited, one did not).
+            for waited in [vec![], vec![None, Some(0), Some(731)]] {
+                let mut ours = Vec::new();
+                write_batch(&mut ours, &checks, &outs, &waited, escaped);
+                let reference = serde_json::to_vec(&BatchJson {
+                    results: checks
+                        .iter()
+                        .zip(&outs)
+                        .enumerate()
+                        .map(|(i, (c, o))| {
+                            DecisionJson::new(c.rule, c.key, o)
+                                .waited(waited.get(i).copied().flatten())
+                        })
+                        .collect(),
+                })
+                .unwrap();
+                assert_eq!(
+                    String::from_utf8(ours).unwrap(),
+                    String::from_utf8(reference).unwrap()
+                );
+            }
         }
         let mut empty = Vec::new();
-        write_batch(&mut empty, &[], &[], false);
+        write_batch(&mut empty, &[], &[], &[], false);
         assert_eq!(empty, br#"{"results":[]}"#);
     }
 }

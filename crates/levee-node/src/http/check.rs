@@ -13,6 +13,7 @@ use super::response::json_response;
 use crate::app::App;
 use crate::limiter::{AllEntry, AllOutcome, ApiError, CheckRef, Field, check_idempotency_key};
 use crate::metrics::Endpoint;
+use crate::wait::max_wait_of;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -57,10 +58,17 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
     let body: CheckBody = json_body(app, req).await?;
     let cost = cost_of(body.cost, Field::Top)?;
     check_idempotency_key(Field::Top, body.idempotency_key.as_deref())?;
+    let max_wait_ms = max_wait_of(body.max_wait_ms, Field::Top)?;
     if let Some(all) = body.all {
         if body.rule.is_some() || body.key.is_some() || body.class.is_some() {
             return Err(ApiError::invalid(
                 "all: give either `all` or `rule` and `key`, not both",
+            ));
+        }
+        if body.max_wait_ms.is_some() {
+            return Err(ApiError::invalid(
+                "max_wait_ms: an atomic `all` call is answered at once; give max_wait_ms to \
+                 single checks (or to each check of a batch)",
             ));
         }
         if all.len() > app.max_batch() {
@@ -81,19 +89,20 @@ async fn check_inner(app: &App, req: Request) -> Result<Response, ApiError> {
     let key = body
         .key
         .ok_or_else(|| ApiError::invalid("key: missing field"))?;
-    let out = app
-        .check(CheckRef {
-            rule: &rule,
-            key: &key,
-            cost,
-            class: body.class.as_deref(),
-            idempotency_key: body.idempotency_key.as_deref(),
-            dry_run: body.dry_run,
-        })
-        .await?;
+    let req = CheckRef {
+        rule: &rule,
+        key: &key,
+        cost,
+        class: body.class.as_deref(),
+        idempotency_key: body.idempotency_key.as_deref(),
+        dry_run: body.dry_run,
+    };
+    let (out, waited) = app.check_waiting(req, max_wait_ms).await?;
     let mut resp = json_response(
         StatusCode::OK,
-        &CheckJson::One(DecisionJson::new(&rule, &key, &out)),
+        &CheckJson::One(
+            DecisionJson::new(&rule, &key, &out).waited(body.max_wait_ms.map(|_| waited)),
+        ),
     );
     rate_limit_headers(resp.headers_mut(), &rule, &out);
     Ok(resp)

@@ -47,6 +47,11 @@ pub(super) struct DecisionJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(required = false, value_type = String)]
     list: Option<&'static str>,
+    /// How long the node waited for rights, in ms; present when the check gave
+    /// `max_wait_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(required = false, value_type = u64)]
+    waited_ms: Option<u64>,
 }
 
 /// The answer of `POST /v1/check`: one decision, or an `all` call's.
@@ -99,6 +104,13 @@ impl<'a> DecisionJson<'a> {
             would_allow: (d.mode == levee_core::RuleMode::Shadow).then_some(d.would_allow),
             delay_ms: o.delay_ms(),
             list: o.list.map(crate::limiter::List::as_str),
+            waited_ms: None,
         }
+    }
+
+    /// The same, saying how long the check waited for rights (`None`: it gave no
+    /// `max_wait_ms`).
+    pub(super) fn waited(self, waited_ms: Option<u64>) -> DecisionJson<'a> {
+        DecisionJson { waited_ms, ..self }
     }
 }

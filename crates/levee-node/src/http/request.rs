@@ -38,6 +38,13 @@ pub(super) struct CheckBody {
     /// Decide, consume nothing.
     #[serde(default)]
     pub(super) dry_run: bool,
+    /// How long the caller can wait, in ms, when the check would be denied only because this
+    /// node holds too little of the global limit while the cluster has room: the node asks
+    /// for rights and answers when they arrive or the wait ends (`waited_ms` says how long it
+    /// waited). 0 to 10,000; default 0, answered at once. Not with `all`.
+    #[schema(minimum = 0, maximum = 10000)]
+    #[serde(default, deserialize_with = "integer")]
+    pub(super) max_wait_ms: Option<i64>,
     /// An atomic call over several rules and keys (`/v1/check` only, not with `rule`/`key`):
     /// at least one entry, at most `api.max_batch`.
     #[schema(min_items = 1)]

@@ -59,6 +59,23 @@ impl Limiter {
         Ok(outcome(&r, decision, Some(local), now))
     }
 
+    /// Forgets the answer remembered under `req`'s idempotency key, if any: a check that
+    /// waited for rights (`crate::wait`) decides again, and its final answer is the one a
+    /// retry gets back.
+    pub fn forget_answer(&self, req: CheckRef<'_>) {
+        let Some(k) = req.idempotency_key else {
+            return;
+        };
+        let rules = self.rules.load();
+        let overrides = self.overrides.load();
+        let Ok(r) = rules.resolve_check(&overrides, self.clock.now_ms(), req) else {
+            return;
+        };
+        let mut id = Vec::new();
+        r.id_into(&mut id, req.key);
+        self.idempotency.invalidate(&(id.into(), k.to_owned()));
+    }
+
     /// Decides a resolved check, answering a retry with a known idempotency key from the
     /// cache (without charging it again). The decision's `remaining` is the global estimate;
     /// beside it, what this node can grant at once.

@@ -95,6 +95,10 @@ pub(super) async fn run_inbound<H: ClusterHost>(
             continue;
         };
         let now = host.limiter().clock.now_ms();
+        let merges = matches!(
+            inb.msg,
+            levee_proto::Message::Deltas(_) | levee_proto::Message::PullChunk { .. }
+        );
         let (out, events) = {
             let mut c = repl.cluster.lock();
             let mut digest = repl.digest.lock();
@@ -104,5 +108,8 @@ pub(super) async fn run_inbound<H: ClusterHost>(
         };
         repl.send_all(out);
         repl.dispatch(&host, events);
+        if merges && repl.merged.receiver_count() > 0 {
+            repl.merged.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 }

@@ -98,6 +98,9 @@ pub struct Replication {
     stopped: watch::Sender<bool>,
     /// The machine's rights given when the node started leaving (`leave.rs`).
     leave_given_from: AtomicU64,
+    /// Counts the peers' state merged here (deltas, pulled chunks): checks waiting for rights
+    /// (`max_wait_ms`, see `crate::wait`) look again when it moves.
+    merged: watch::Sender<u64>,
 }
 
 /// How long a stopping node waits for its peers to acknowledge its last deltas.
@@ -179,6 +182,7 @@ impl Replication {
             deciding: AtomicUsize::new(0),
             stopped: watch::channel(false).0,
             leave_given_from: AtomicU64::new(0),
+            merged: watch::channel(0).0,
         });
         repl.start_forwarders(&replicas);
         Ok((repl, inbound))
@@ -278,6 +282,12 @@ impl Replication {
     pub fn run<H: ClusterHost>(self: &Arc<Self>, host: Arc<H>, inbound: mpsc::Receiver<Inbound>) {
         tokio::spawn(run_inbound(Arc::clone(&host), Arc::clone(self), inbound));
         tokio::spawn(run_timer(host, Arc::clone(self), self.stopped.subscribe()));
+    }
+
+    /// Moves whenever a peer's state was merged here (deltas, pulled chunks): rights given to
+    /// this node, or to the owner it forwards to, arrive so.
+    pub fn merged(&self) -> watch::Receiver<u64> {
+        self.merged.subscribe()
     }
 
     /// Where a check of `key` is decided.
