@@ -122,6 +122,10 @@ fn describe() {
         "HTTP connections the node closed, by reason (idle, request_timeout)."
     );
     describe_counter!(
+        "levee_waits_total",
+        "Checks that waited for rights (max_wait_ms), by result: admitted, denied (the wait ended or the limit was used up), busy (too many waiting; answered at once)."
+    );
+    describe_counter!(
         "levee_notices_total",
         "Threshold notices, by result: sent, failed (retried for a minute), dropped (queue full or pending at shutdown)."
     );
