@@ -840,22 +840,34 @@ fn a_max_wait_out_of_range_is_400_naming_it() {
     ] {
         refused(&node, 400, "invalid_request", "max_wait_ms", post(body));
     }
-    refused(&node, 400, "invalid_request", "checks[1].max_wait_ms", |n: &Node| {
-        n.post_json(
-            "/v1/check/batch",
-            &json!({ "checks": [
+    refused(
+        &node,
+        400,
+        "invalid_request",
+        "checks[1].max_wait_ms",
+        |n: &Node| {
+            n.post_json(
+                "/v1/check/batch",
+                &json!({ "checks": [
                 { "rule": "per-tenant", "key": "victim" },
                 { "rule": "per-tenant", "key": "victim", "max_wait_ms": 20_000 }
             ] }),
-        )
-    });
-    for bad in ["10001", "-1", "later"] {
-        refused(&node, 400, "invalid_request", "X-RateLimit-Max-Wait", |n: &Node| {
-            n.get_with(
-                "/v1/authz/bucket",
-                &[("x-api-key", VICTIM), ("x-ratelimit-max-wait", bad)],
             )
-        });
+        },
+    );
+    for bad in ["10001", "-1", "later"] {
+        refused(
+            &node,
+            400,
+            "invalid_request",
+            "X-RateLimit-Max-Wait",
+            |n: &Node| {
+                n.get_with(
+                    "/v1/authz/bucket",
+                    &[("x-api-key", VICTIM), ("x-ratelimit-max-wait", bad)],
+                )
+            },
+        );
     }
 }
 
@@ -873,8 +885,15 @@ fn a_single_node_answers_a_check_that_can_wait_at_once() {
         admitted += u64::from(r.allowed());
     }
     assert_eq!(admitted, 3, "per-tenant allows 3 a day");
-    let r = node.post_json("/v1/check", &json!({ "rule": "per-tenant", "key": "waiter" }));
-    assert!(r.json.get("waited_ms").is_none(), "no max_wait_ms, no waited_ms: {}", r.body);
+    let r = node.post_json(
+        "/v1/check",
+        &json!({ "rule": "per-tenant", "key": "waiter" }),
+    );
+    assert!(
+        r.json.get("waited_ms").is_none(),
+        "no max_wait_ms, no waited_ms: {}",
+        r.body
+    );
     let r = node.post_json(
         "/v1/check/batch",
         &json!({ "checks": [
@@ -883,6 +902,10 @@ fn a_single_node_answers_a_check_that_can_wait_at_once() {
         ] }),
     );
     assert_eq!(r.status, 200, "{r:?}");
-    assert!(r.json["results"][0].get("waited_ms").is_none(), "{}", r.body);
+    assert!(
+        r.json["results"][0].get("waited_ms").is_none(),
+        "{}",
+        r.body
+    );
     assert_eq!(r.json["results"][1]["waited_ms"], 0, "{}", r.body);
 }

@@ -317,6 +317,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
         keys,
         probe: None,
         requests,
+        max_wait_ms: 0,
     }
 }
 

@@ -33,12 +33,14 @@ struct Cli {
     /// The scenario: steady, skewed, hot-region, bursts, many-keys, region-isolated,
     /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
     /// back-to-back, light-keys (the demand set); grow, remove-dead, reweight, frozen-removed,
-    /// churn, removed-alive, grow-reordered, leave (the membership set).
+    /// churn, removed-alive, grow-reordered, leave (the membership set); bursts-wait (the
+    /// waiting set).
     #[arg(long)]
     scenario: Option<String>,
     /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults),
-    /// demand (long windows, low rates, moving demand) or membership (nodes added, removed,
-    /// re-weighted while partitions and crashes happen).
+    /// demand (long windows, low rates, moving demand), membership (nodes added, removed,
+    /// re-weighted while partitions and crashes happen) or waiting (the bursts scenario with
+    /// callers that wait for rights, `max_wait_ms`).
     #[arg(long, default_value = "classic")]
     set: String,
     /// Print the accuracy table (markdown) of figure 8.
@@ -83,8 +85,9 @@ fn main() -> ExitCode {
         "classic" => &Scenario::ALL,
         "demand" => &Scenario::DEMAND,
         "membership" => &Scenario::MEMBERSHIP,
+        "waiting" => &Scenario::WAITING,
         other => {
-            eprintln!("unknown --set {other:?}; one of: classic, demand, membership");
+            eprintln!("unknown --set {other:?}; one of: classic, demand, membership, waiting");
             return ExitCode::from(2);
         }
     };

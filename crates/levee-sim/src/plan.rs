@@ -304,6 +304,9 @@ pub struct RunPlan {
     pub probe: Option<u32>,
     /// The requests, by time.
     pub requests: Vec<Request>,
+    /// How long a caller waits for rights (`max_wait_ms`, API.md "Waiting for rights") when
+    /// its check is denied while the cluster has room; 0: every check is answered at once.
+    pub max_wait_ms: u64,
 }
 
 impl RunPlan {

@@ -70,6 +70,10 @@ pub enum Scenario {
     /// A node leaves (`POST /admin/leave`: it hands what it holds over), is stopped, then
     /// removed from the list.
     Leave,
+    /// [`Scenario::Bursts`] (the same world and demand for the same seed) with callers that
+    /// wait for rights (`max_wait_ms`) one round trip (the topology's longest) and two gossip
+    /// intervals: run with `--set waiting`.
+    BurstsWaiting,
     /// As [`Scenario::Grow`], with the classic scenarios' jitter, reordering and duplication
     /// on every link: frames between two nodes may overtake each other, which TCP never
     /// lets them do (it found a hole, closed since: see [`Scenario::MEMBERSHIP`]).
@@ -118,12 +122,16 @@ impl Scenario {
         Scenario::Leave,
     ];
 
+    /// Callers that wait for rights (`max_wait_ms`): run with `--set waiting`.
+    pub const WAITING: [Scenario; 1] = [Scenario::BurstsWaiting];
+
     /// Every scenario of every set.
     pub fn every() -> impl Iterator<Item = Scenario> {
         Scenario::ALL
             .into_iter()
             .chain(Scenario::DEMAND)
             .chain(Scenario::MEMBERSHIP)
+            .chain(Scenario::WAITING)
     }
 
     /// The name used on the command line.
@@ -151,6 +159,7 @@ impl Scenario {
             Scenario::GrowReordered => "grow-reordered",
             Scenario::Churn => "churn",
             Scenario::Leave => "leave",
+            Scenario::BurstsWaiting => "bursts-wait",
         }
     }
 
@@ -186,6 +195,19 @@ impl Scenario {
     pub fn plan(self, seed: u64) -> RunPlan {
         if self.membership() {
             return crate::changes::plan(self, seed);
+        }
+        if self == Scenario::BurstsWaiting {
+            let mut plan = Scenario::Bursts.plan(seed);
+            let rtt = plan
+                .topology
+                .one_way_ms
+                .iter()
+                .flatten()
+                .max()
+                .map_or(0, |&one_way| 2 * one_way);
+            plan.scenario = self;
+            plan.max_wait_ms = rtt + 2 * plan.protocol.gossip_interval;
+            return plan;
         }
         let mut rng = SeededRng::stream(seed, "plan");
         let regions = match self {
@@ -228,6 +250,7 @@ impl Scenario {
                 keys: d.keys,
                 probe: None,
                 requests: d.requests,
+                max_wait_ms: 0,
             };
         }
         let limit = match self {
@@ -411,6 +434,7 @@ impl Scenario {
             keys,
             probe,
             requests,
+            max_wait_ms: 0,
         }
     }
 }

@@ -131,6 +131,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         keys,
         probe,
         requests,
+        max_wait_ms: 0,
     }
 }
 

@@ -46,6 +46,7 @@ pub mod members;
 mod network;
 mod requests;
 mod states;
+mod waiting;
 mod watch;
 pub use members::{Ghost, ListsFigure};
 pub use states::SimStates;
@@ -131,6 +132,11 @@ struct Driver<'p> {
     forwarded: BTreeMap<(usize, ForwardId), (usize, u32)>,
     /// Key names to their index in the plan.
     key_index: HashMap<String, u32>,
+    /// Checks waiting for rights (`max_wait_ms`), see `waiting.rs`.
+    waiting: Vec<waiting::Waiter>,
+    /// By node: a peer's frame was handed to its machine this millisecond (waiting checks
+    /// there look again).
+    heard: Vec<bool>,
 }
 
 /// Runs Levee over `plan`, as production runs.
@@ -188,6 +194,8 @@ impl<'p> Driver<'p> {
                 .map(|(i, k)| (k.clone(), i as u32))
                 .collect(),
             sets,
+            waiting: Vec::new(),
+            heard: vec![false; n],
         };
         let first = plan.lists[0].len();
         for i in 0..n {
@@ -265,6 +273,7 @@ impl<'p> Driver<'p> {
                 }
             }
             self.deliver();
+            self.serve_waiting();
             while next_request < plan.requests.len() && plan.requests[next_request].at <= now {
                 let r = plan.requests[next_request];
                 self.request(r.region as usize, r.key);

@@ -176,6 +176,7 @@ impl<'p> Driver<'p> {
         let node = &mut self.nodes[to];
         node.cluster
             .handle_message(NodeIdx(from as u16), msg, t, node.states.at(t));
+        self.heard[to] = true;
         self.flush(to);
     }
 

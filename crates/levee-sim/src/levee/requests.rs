@@ -74,6 +74,8 @@ impl<'p> Driver<'p> {
         }
         if decision.allowed {
             self.ledger.admit(key, window, region, node);
+        } else {
+            self.wait_for_rights(node, region, key, acting_alone, &decision);
         }
         Some(decision)
     }

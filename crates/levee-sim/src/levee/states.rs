@@ -141,6 +141,21 @@ impl SimStates {
         now: Millis,
         view: ClusterView,
     ) -> Option<Decision> {
+        self.decide_as(rule, key, cost, now, view, false)
+    }
+
+    /// Decides a check as [`SimStates::decide`] does, or, with `dry_run`, says what it would
+    /// decide and changes nothing (a check waiting for rights looks so, as `levee_node::wait`
+    /// does). The decision's `remaining` is the key's global estimate, as a node answers it.
+    pub fn decide_as(
+        &mut self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Millis,
+        view: ClusterView,
+        dry_run: bool,
+    ) -> Option<Decision> {
         if rule != self.base.name {
             return None;
         }
@@ -157,15 +172,13 @@ impl SimStates {
             replicas: &self.replicas,
             view,
         };
-        let d = self.keys.entry(id.clone()).or_default().decide(
-            &target,
-            RuleMode::Enforce,
-            cost,
-            false,
-            &ctx,
-        );
-        self.dirty.insert(id.clone());
-        self.active.insert(id);
+        let state = self.keys.entry(id.clone()).or_default();
+        let mut d = state.decide(&target, RuleMode::Enforce, cost, dry_run, &ctx);
+        d.remaining = state.usage(&target, &ctx).remaining;
+        if !dry_run {
+            self.dirty.insert(id.clone());
+            self.active.insert(id);
+        }
         Some(d)
     }
 

@@ -1,0 +1,84 @@
+//! Callers that wait for rights (`max_wait_ms`, API.md "Waiting for rights"), as
+//! `levee_node::wait` serves them: a check denied while the key's global estimate has room
+//! waits at the node that decided it; whenever a peer's frame reaches that node, it looks
+//! again as a dry run, and is decided for real once it would be admitted, until its wait
+//! ends. (A node waits at the node the caller asked and looks again at the owner; here the
+//! owner keeps the waiting check, one round trip inside the region sooner.)
+
+use super::*;
+
+/// A check waiting for rights.
+pub(super) struct Waiter {
+    node: usize,
+    incarnation: u32,
+    region: usize,
+    key: u32,
+    acting_alone: bool,
+    /// Sim time at which the caller stops waiting.
+    until: u64,
+}
+
+impl<'p> Driver<'p> {
+    /// After `decision`, a deny at `node`: the check waits if its caller can and the key's
+    /// global estimate has room.
+    pub(super) fn wait_for_rights(
+        &mut self,
+        node: usize,
+        region: usize,
+        key: u32,
+        acting_alone: bool,
+        decision: &Decision,
+    ) {
+        if self.plan.max_wait_ms == 0 || decision.remaining == 0 {
+            return;
+        }
+        self.waiting.push(Waiter {
+            node,
+            incarnation: self.nodes[node].incarnation,
+            region,
+            key,
+            acting_alone,
+            until: self.now + self.plan.max_wait_ms,
+        });
+    }
+
+    /// Looks again at the checks waiting at nodes that heard a peer this millisecond, and at
+    /// those whose wait ends now.
+    pub(super) fn serve_waiting(&mut self) {
+        if self.waiting.is_empty() {
+            self.heard.iter_mut().for_each(|h| *h = false);
+            return;
+        }
+        let waiting = std::mem::take(&mut self.waiting);
+        for w in waiting {
+            let node = &self.nodes[w.node];
+            if !node.up || node.incarnation != w.incarnation {
+                // The process that held the caller's connection ended: the check fails.
+                continue;
+            }
+            if node.frozen || !(self.heard[w.node] || self.now >= w.until) {
+                self.waiting.push(w);
+                continue;
+            }
+            let t = self.clock(w.node);
+            let mut view = node.cluster.view();
+            view.acting_alone = w.acting_alone;
+            let name = &self.plan.keys[w.key as usize];
+            let probe = self.nodes[w.node]
+                .states
+                .decide_as(RULE, name, 1, t, view, true);
+            match probe {
+                Some(p) if p.allowed => {
+                    let d = self.nodes[w.node].states.decide(RULE, name, 1, t, view);
+                    if d.is_some_and(|d| d.allowed) {
+                        self.ledger
+                            .admit(w.key, self.plan.window_of(t), w.region, w.node);
+                    }
+                }
+                Some(p) if p.remaining > 0 && self.now < w.until => self.waiting.push(w),
+                _ => {}
+            }
+        }
+        self.heard.iter_mut().for_each(|h| *h = false);
+    }
+}
