@@ -5,6 +5,7 @@
 //! once the limit is used up is answered at once.
 
 use levee_blackbox::cluster::{Cluster, ClusterSpec};
+use levee_client::{Check, Client, Source};
 use levee_blackbox::{Reply, levee_binary};
 use serde_json::json;
 
@@ -125,4 +126,33 @@ fn a_burst_that_can_wait_gets_the_whole_limit_and_no_more() {
     }
     assert_eq!(passed, LIMIT);
     assert_eq!(used_everywhere(&c, "gateway"), vec![LIMIT; c.len()]);
+
+    // levee-client: every check carries an idempotency key, so the waiting check's first
+    // (denied) answer is remembered; the final one must replace it. Its timeout grows by the
+    // wait.
+    let client = Client::builder()
+        .node(c.url(eu, ""))
+        .build()
+        .expect("client");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (admitted, waited) = rt.block_on(async {
+        let mut admitted = 0;
+        let mut waited = 0;
+        for _ in 0..LIMIT + 3 {
+            let d = client
+                .check(&Check::new("burst", "client").max_wait_ms(2_000))
+                .await
+                .expect("a decision");
+            assert_eq!(d.source, Source::Node, "{d:?}");
+            admitted += u64::from(d.allowed);
+            waited += u64::from(d.waited_ms.expect("waited_ms") > 0);
+        }
+        (admitted, waited)
+    });
+    assert_eq!(admitted, LIMIT, "{waited} checks waited");
+    assert_eq!(used_everywhere(&c, "client"), vec![LIMIT; c.len()]);
+    eprintln!("levee-client, willing to wait 2 s: {admitted} admitted, {waited} checks waited");
 }

@@ -255,7 +255,11 @@ impl Client {
             .idempotency_key
             .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
         let body = serde_json::to_vec(&check).map_err(|e| Error::Decode(e.to_string()))?;
-        match self.send("/v1/check", Some(&check.key), body, None).await {
+        let wait = Duration::from_millis(check.max_wait_ms.unwrap_or(0));
+        match self
+            .send("/v1/check", Some(&check.key), body, None, wait)
+            .await
+        {
             Ok(reply) => reply.decision(),
             Err(Error::Unavailable(why)) => self.fall_back(&check, why),
             Err(e) => Err(e),
@@ -281,7 +285,10 @@ impl Client {
         };
         let body = serde_json::to_vec(&body).map_err(|e| Error::Decode(e.to_string()))?;
         let route = entries.first().map(|c| c.key.as_str());
-        match self.send("/v1/check", route, body, None).await {
+        match self
+            .send("/v1/check", route, body, None, Duration::ZERO)
+            .await
+        {
             Ok(reply) => reply.decision(),
             Err(Error::Unavailable(why)) => {
                 // Atomic like the node's: every entry decided without consuming, then
@@ -334,10 +341,23 @@ impl Client {
         let mut out: Vec<Option<Decision>> = vec![None; checks.len()];
         for (first, idx) in groups {
             let group: Vec<Check> = idx.iter().map(|&i| checks[i].clone()).collect();
+            let wait = Duration::from_millis(
+                group
+                    .iter()
+                    .filter_map(|c| c.max_wait_ms)
+                    .max()
+                    .unwrap_or(0),
+            );
             let body = serde_json::to_vec(&BatchBody { checks: &group })
                 .map_err(|e| Error::Decode(e.to_string()))?;
             match self
-                .send("/v1/check/batch", Some(&checks[first].key), body, None)
+                .send(
+                    "/v1/check/batch",
+                    Some(&checks[first].key),
+                    body,
+                    None,
+                    wait,
+                )
                 .await
             {
                 Ok(reply) => {
@@ -375,7 +395,7 @@ impl Client {
             .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
         let body = serde_json::to_vec(&check).map_err(|e| Error::Decode(e.to_string()))?;
         let token = self.inner.cfg.refund_token.clone();
-        self.send("/v1/refund", Some(&check.key), body, token)
+        self.send("/v1/refund", Some(&check.key), body, token, Duration::ZERO)
             .await?
             .decision()
     }
@@ -421,7 +441,7 @@ impl Client {
     }
 
     async fn get(&self, path: &str, route: Option<&str>) -> Result<Reply, Error> {
-        self.attempts(http::Method::GET, path, route, None, None)
+        self.attempts(http::Method::GET, path, route, None, None, Duration::ZERO)
             .await
     }
 
@@ -431,8 +451,9 @@ impl Client {
         route: Option<&str>,
         body: Vec<u8>,
         token: Option<String>,
+        wait: Duration,
     ) -> Result<Reply, Error> {
-        self.attempts(http::Method::POST, path, route, Some(body), token)
+        self.attempts(http::Method::POST, path, route, Some(body), token, wait)
             .await
     }
 
@@ -444,6 +465,7 @@ impl Client {
         route: Option<&str>,
         body: Option<Vec<u8>>,
         token: Option<String>,
+        wait: Duration,
     ) -> Result<Reply, Error> {
         let mut targets = self.inner.ring.targets(route, self).await;
         let mut next = 0;
@@ -460,7 +482,14 @@ impl Client {
             match self
                 .inner
                 .transport
-                .request(method.clone(), &base, path, body.clone(), token.as_deref())
+                .request(
+                    method.clone(),
+                    &base,
+                    path,
+                    body.clone(),
+                    token.as_deref(),
+                    wait,
+                )
                 .await
             {
                 Ok(reply) if reply.status == 503 => {

@@ -3,6 +3,8 @@
 //! of every region; writing needs the admin token when the nodes have one
 //! ([`crate::ClientBuilder::admin_token`]).
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::transport::encode_segment;
@@ -118,15 +120,29 @@ impl Client {
     ) -> Result<OverrideInfo, Error> {
         let body = serde_json::to_vec(value).map_err(|e| Error::Decode(e.to_string()))?;
         let token = self.inner.cfg.admin_token.clone();
-        self.attempts(http::Method::PUT, &path(rule, key), None, Some(body), token)
-            .await?
-            .json()
+        self.attempts(
+            http::Method::PUT,
+            &path(rule, key),
+            None,
+            Some(body),
+            token,
+            Duration::ZERO,
+        )
+        .await?
+        .json()
     }
 
     /// The override of `key`, `None` if it has none.
     pub async fn get_override(&self, rule: &str, key: &str) -> Result<Option<OverrideInfo>, Error> {
         match self
-            .attempts(http::Method::GET, &path(rule, key), None, None, None)
+            .attempts(
+                http::Method::GET,
+                &path(rule, key),
+                None,
+                None,
+                None,
+                Duration::ZERO,
+            )
             .await
         {
             Ok(reply) => reply.json().map(Some),
@@ -141,7 +157,7 @@ impl Client {
     pub async fn list_overrides(&self, rule: &str) -> Result<Vec<OverrideInfo>, Error> {
         let path = format!("/v1/overrides/{}", encode_segment(rule));
         let list: OverrideList = self
-            .attempts(http::Method::GET, &path, None, None, None)
+            .attempts(http::Method::GET, &path, None, None, None, Duration::ZERO)
             .await?
             .json()?;
         Ok(list.overrides)
@@ -150,8 +166,15 @@ impl Client {
     /// Removes `key`'s override: the rule's own figures apply again.
     pub async fn delete_override(&self, rule: &str, key: &str) -> Result<(), Error> {
         let token = self.inner.cfg.admin_token.clone();
-        self.attempts(http::Method::DELETE, &path(rule, key), None, None, token)
-            .await
-            .map(|_| ())
+        self.attempts(
+            http::Method::DELETE,
+            &path(rule, key),
+            None,
+            None,
+            token,
+            Duration::ZERO,
+        )
+        .await
+        .map(|_| ())
     }
 }

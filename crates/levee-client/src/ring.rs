@@ -3,7 +3,7 @@
 //! hashing the key's own bytes, as `levee_cluster::Cluster::route` does with a check's key).
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use levee_cluster::ring::Rings;
 use levee_core::{RegionIdx, ReplicaSet, ReplicaSpec};
@@ -160,7 +160,14 @@ impl RingState {
 async fn read_ring(client: &Client, base: &str) -> Option<Ring> {
     let reply = client
         .transport()
-        .request(http::Method::GET, base, "/v1/cluster", None, None)
+        .request(
+            http::Method::GET,
+            base,
+            "/v1/cluster",
+            None,
+            None,
+            Duration::ZERO,
+        )
         .await
         .ok()?;
     if reply.status != 200 {
@@ -170,7 +177,14 @@ async fn read_ring(client: &Client, base: &str) -> Option<Ring> {
     if client.wants_rules()
         && let Ok(rules) = client
             .transport()
-            .request(http::Method::GET, base, "/v1/rules", None, None)
+            .request(
+                http::Method::GET,
+                base,
+                "/v1/rules",
+                None,
+                None,
+                Duration::ZERO,
+            )
             .await
         && rules.status == 200
         && let (Some(cap), Ok(v)) = (client.cap(), rules.json::<serde_json::Value>())

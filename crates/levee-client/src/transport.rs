@@ -68,7 +68,8 @@ impl Transport {
     }
 
     /// `method` (`GET`, `POST`, `PUT`, `DELETE`) of `base` + `path`, with a JSON body if
-    /// given, within the timeout.
+    /// given, within the timeout and `wait` more (how long the node may wait for rights,
+    /// `max_wait_ms`, before it answers).
     pub(crate) async fn request(
         &self,
         method: http::Method,
@@ -76,6 +77,7 @@ impl Transport {
         path: &str,
         body: Option<Vec<u8>>,
         token: Option<&str>,
+        wait: Duration,
     ) -> Result<Reply, String> {
         let mut req = http::Request::builder()
             .uri(format!("{base}{path}"))
@@ -111,9 +113,10 @@ impl Transport {
                 body,
             })
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let within = self.timeout.saturating_add(wait);
+        match tokio::time::timeout(within, exchange).await {
             Ok(r) => r,
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Err(_) => Err(format!("no answer within {within:?}")),
         }
     }
 }

@@ -22,6 +22,11 @@ pub struct Check {
     /// value given here is kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// How long the node may wait for rights, in ms, when it would deny only because it
+    /// holds too little (API.md "Waiting for rights"; 0 to 10,000). The call's timeout grows
+    /// by as much.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
 }
 
 impl Check {
@@ -37,6 +42,12 @@ impl Check {
     /// The same check with another cost.
     pub fn cost(mut self, cost: u64) -> Check {
         self.cost = Some(cost);
+        self
+    }
+
+    /// The same check, willing to wait up to `ms` for rights (`max_wait_ms`).
+    pub fn max_wait_ms(mut self, ms: u64) -> Check {
+        self.max_wait_ms = Some(ms);
         self
     }
 }
@@ -86,6 +97,9 @@ pub struct Decision {
     /// `allow` or `deny` when the key is on a list (an override with `action`).
     #[serde(default)]
     pub list: Option<String>,
+    /// How long the node waited for rights, in ms, when the check gave `max_wait_ms`.
+    #[serde(default)]
+    pub waited_ms: Option<u64>,
     /// For an `all` call: one decision per entry, in order.
     #[serde(default)]
     pub results: Option<Vec<Decision>>,
@@ -118,6 +132,7 @@ impl Decision {
             mode: "enforce".into(),
             degraded: true,
             list: None,
+            waited_ms: None,
             results: None,
             source: Source::Fallback,
             headers: Vec::new(),
