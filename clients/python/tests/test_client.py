@@ -183,3 +183,25 @@ def test_overrides_async(url: str, key: str) -> None:
             assert await levee.get_override("tiny", key) is None
 
     asyncio.run(go())
+
+
+def test_max_wait_ms_is_sent_and_waited_ms_read(url: str, key: str) -> None:
+    # A single node holds the whole limit: it never waits, and says so.
+    with Client(url) as levee:
+        d = levee.check("tiny", key, max_wait_ms=2_000)
+        assert (d.allowed, d.waited_ms) == (True, 0)
+        assert levee.check("tiny", key).waited_ms is None
+        [a, b] = levee.batch([Check("search-per-tenant", key, max_wait_ms=100),
+                              Check("search-per-tenant", key)])
+        assert (a.allowed, a.waited_ms, b.waited_ms) == (True, 0, None)
+        with pytest.raises(LeveeApiError) as e:
+            levee.check("tiny", key, max_wait_ms=10_001)
+        assert (e.value.status, e.value.code) == (400, "invalid_request")
+        assert "max_wait_ms" in e.value.message
+
+    async def run() -> None:
+        async with AsyncClient(url) as levee:
+            d = await levee.check("search-per-tenant", key, max_wait_ms=500)
+            assert (d.allowed, d.waited_ms) == (True, 0)
+
+    asyncio.run(run())

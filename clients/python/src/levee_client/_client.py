@@ -101,6 +101,11 @@ def _raise_for(resp: httpx.Response) -> None:
     raise LeveeApiError(resp.status_code, str(v.get("error", "")), str(v.get("message", "")))
 
 
+def _longest_wait(checks: Sequence[Check]) -> int:
+    """The longest ``max_wait_ms`` of a batch's checks: how much longer its answer may take."""
+    return max((c.max_wait_ms or 0 for c in checks), default=0)
+
+
 def _decision(resp: httpx.Response) -> Decision:
     headers = {h: resp.headers[h] for h in _HEADERS if h in resp.headers}
     return Decision.from_json(resp.json(), headers)
@@ -159,14 +164,15 @@ class Client(_Base):
         self._http.close()
 
     def _send(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
-              token: Optional[str] = None) -> httpx.Response:
+              token: Optional[str] = None, wait_ms: int = 0) -> httpx.Response:
         last = ""
         headers = {"authorization": f"Bearer {token}"} if token else {}
         for attempt, base in self._plan():
             if attempt:
                 time.sleep(self._backoff * 2 ** (attempt - 1))
             try:
-                resp = self._http.request(method, base + path, json=body, headers=headers)
+                resp = self._http.request(method, base + path, json=body, headers=headers,
+                                          timeout=self._timeout + wait_ms / 1000)
             except httpx.TransportError as e:
                 last = f"{base}: {e!r}"
                 continue
@@ -178,11 +184,14 @@ class Client(_Base):
 
     def check(self, rule: str, key: str, cost: Optional[int] = None, *,
               cls: Optional[str] = None, dry_run: bool = False,
-              idempotency_key: Optional[str] = None) -> Decision:
-        """One decision (``POST /v1/check``)."""
-        c = Check(rule, key, cost, cls, dry_run, idempotency_key)
+              idempotency_key: Optional[str] = None,
+              max_wait_ms: Optional[int] = None) -> Decision:
+        """One decision (``POST /v1/check``); with ``max_wait_ms``, the node may wait that
+        long for rights before it answers (API.md "Waiting for rights")."""
+        c = Check(rule, key, cost, cls, dry_run, idempotency_key, max_wait_ms)
         try:
-            return _decision(self._send("POST", "/v1/check", c.to_json(_key())))
+            return _decision(self._send("POST", "/v1/check", c.to_json(_key()),
+                                        wait_ms=max_wait_ms or 0))
         except LeveeUnavailable as e:
             return self._fall_back(str(e), [c])[0]
 
@@ -198,7 +207,7 @@ class Client(_Base):
         """Many independent decisions in one request (at most ``api.max_batch``)."""
         body = {"checks": [c.to_json(_key()) for c in checks]}
         try:
-            resp = self._send("POST", "/v1/check/batch", body)
+            resp = self._send("POST", "/v1/check/batch", body, wait_ms=_longest_wait(checks))
         except LeveeUnavailable as e:
             return self._fall_back(str(e), checks)
         return [Decision.from_json(r) for r in resp.json()["results"]]
@@ -260,14 +269,16 @@ class AsyncClient(_Base):
         await self._http.aclose()
 
     async def _send(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
-                    token: Optional[str] = None) -> httpx.Response:
+                    token: Optional[str] = None, wait_ms: int = 0) -> httpx.Response:
         last = ""
         headers = {"authorization": f"Bearer {token}"} if token else {}
         for attempt, base in self._plan():
             if attempt:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
             try:
-                resp = await self._http.request(method, base + path, json=body, headers=headers)
+                resp = await self._http.request(method, base + path, json=body,
+                                                headers=headers,
+                                                timeout=self._timeout + wait_ms / 1000)
             except httpx.TransportError as e:
                 last = f"{base}: {e!r}"
                 continue
@@ -279,11 +290,14 @@ class AsyncClient(_Base):
 
     async def check(self, rule: str, key: str, cost: Optional[int] = None, *,
                     cls: Optional[str] = None, dry_run: bool = False,
-                    idempotency_key: Optional[str] = None) -> Decision:
-        """One decision (``POST /v1/check``)."""
-        c = Check(rule, key, cost, cls, dry_run, idempotency_key)
+                    idempotency_key: Optional[str] = None,
+                    max_wait_ms: Optional[int] = None) -> Decision:
+        """One decision (``POST /v1/check``); with ``max_wait_ms``, the node may wait that
+        long for rights before it answers (API.md "Waiting for rights")."""
+        c = Check(rule, key, cost, cls, dry_run, idempotency_key, max_wait_ms)
         try:
-            return _decision(await self._send("POST", "/v1/check", c.to_json(_key())))
+            return _decision(await self._send("POST", "/v1/check", c.to_json(_key()),
+                                              wait_ms=max_wait_ms or 0))
         except LeveeUnavailable as e:
             return self._fall_back(str(e), [c])[0]
 
@@ -300,7 +314,8 @@ class AsyncClient(_Base):
         """Many independent decisions in one request."""
         body = {"checks": [c.to_json(_key()) for c in checks]}
         try:
-            resp = await self._send("POST", "/v1/check/batch", body)
+            resp = await self._send("POST", "/v1/check/batch", body,
+                                    wait_ms=_longest_wait(checks))
         except LeveeUnavailable as e:
             return self._fall_back(str(e), checks)
         return [Decision.from_json(r) for r in resp.json()["results"]]

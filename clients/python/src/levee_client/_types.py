@@ -40,6 +40,9 @@ class Check:
     """The consumer class (``class`` on the wire), for rules with classes."""
     dry_run: bool = False
     idempotency_key: Optional[str] = None
+    max_wait_ms: Optional[int] = None
+    """How long the node may wait for rights, in ms (0 to 10,000; API.md "Waiting for
+    rights"): the call's timeout grows by as much."""
 
     def to_json(self, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
         body: Dict[str, Any] = {"rule": self.rule, "key": self.key}
@@ -49,6 +52,8 @@ class Check:
             body["class"] = self.cls
         if self.dry_run:
             body["dry_run"] = True
+        if self.max_wait_ms is not None:
+            body["max_wait_ms"] = self.max_wait_ms
         key = self.idempotency_key or idempotency_key
         if key is not None and not self.dry_run:
             body["idempotency_key"] = key
@@ -73,6 +78,8 @@ class Decision:
     """``"allow"`` or ``"deny"`` when the key is on a list (an override with ``action``)."""
     results: Optional[List["Decision"]] = None
     """For an ``all`` call: one decision per entry, in order."""
+    waited_ms: Optional[int] = None
+    """How long the node waited for rights, when the check gave ``max_wait_ms``."""
     fallback: bool = False
     """True when this client decided because no node answered."""
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -94,6 +101,7 @@ class Decision:
             degraded=bool(v.get("degraded", False)),
             local_remaining=v.get("local_remaining"),
             list=v.get("list"),
+            waited_ms=v.get("waited_ms"),
             results=[Decision.from_json(r) for r in results] if results is not None else None,
             headers=dict(headers or {}),
         )
