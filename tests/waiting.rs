@@ -5,8 +5,8 @@
 //! once the limit is used up is answered at once.
 
 use levee_blackbox::cluster::{Cluster, ClusterSpec};
-use levee_client::{Check, Client, Source};
 use levee_blackbox::{Reply, levee_binary};
+use levee_client::{Check, Client, Source};
 use serde_json::json;
 
 const RULES: &str = r#"

@@ -125,6 +125,9 @@ pub struct Scenario {
     pub clock_offsets: Vec<(&'static str, i64)>,
     /// The node that must own the main and the probe key in its region.
     pub owner: Option<&'static str>,
+    /// Every main-key check gives this `max_wait_ms` (API.md "Waiting for rights"): the
+    /// callers wait for rights instead of being denied while the cluster has room.
+    pub max_wait_ms: Option<u64>,
 }
 
 fn step(at_ms: u64, action: Action) -> Step {
@@ -151,6 +154,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
         }
     }
 
@@ -174,6 +178,19 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
+        }
+    }
+
+    /// [`Scenario::region_partition_short`] with callers that wait up to 200 ms for rights
+    /// (`max_wait_ms`): every invariant holds as when they are answered at once, and waiting
+    /// checks are answered within their wait.
+    pub fn waiting_callers() -> Scenario {
+        Scenario {
+            name: "waiting-callers",
+            summary: "as region-partition-short, every main-key check willing to wait 200 ms for rights",
+            max_wait_ms: Some(200),
+            ..Scenario::region_partition_short()
         }
     }
 
@@ -196,6 +213,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
         }
     }
 
@@ -211,6 +229,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: Some("eu-1"),
+            max_wait_ms: None,
         }
     }
 
@@ -226,6 +245,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: Some("eu-1"),
+            max_wait_ms: None,
         }
     }
 
@@ -238,6 +258,7 @@ impl Scenario {
             steps: Vec::new(),
             clock_offsets: vec![("eu-1", 400)],
             owner: Some("eu-1"),
+            max_wait_ms: None,
         }
     }
 
@@ -260,6 +281,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
         }
     }
 
@@ -283,6 +305,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
         }
     }
 
@@ -312,6 +335,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
         }
     }
 
@@ -334,6 +358,7 @@ impl Scenario {
             ],
             clock_offsets: Vec::new(),
             owner: None,
+            max_wait_ms: None,
         }
     }
 
@@ -349,6 +374,7 @@ impl Scenario {
             Scenario::latency(),
             Scenario::duplication_reordering(),
             Scenario::foreign_certificate(),
+            Scenario::waiting_callers(),
         ]
     }
 

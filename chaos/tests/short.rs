@@ -1,4 +1,5 @@
-//! The chaos scenario CI runs: `ap` partitioned from `eu` and `us` for 4.1 s under 1.67 times
+//! The chaos scenarios CI runs (the second, `waiting-callers`, is the first with callers that
+//! wait for rights): `ap` partitioned from `eu` and `us` for 4.1 s under 1.67 times
 //! the limit of load from every region, then healed. Real `levee serve` processes, real QUIC
 //! through the UDP fault proxy; about 11 s (plus building `levee` if it is stale).
 //!
@@ -15,9 +16,21 @@ use levee_chaos::{RunOptions, Scenario, run};
 
 #[test]
 fn a_partitioned_region_keeps_every_invariant_and_views_agree_after_the_heal() {
+    run_and_check(Scenario::region_partition_short());
+}
+
+/// The same with callers that wait up to 200 ms for rights (`max_wait_ms`): answers come
+/// later, and every invariant still holds.
+#[test]
+fn callers_that_wait_for_rights_keep_every_invariant_through_a_partition() {
+    run_and_check(Scenario::waiting_callers());
+}
+
+/// Runs `scenario` and asserts its report: written, nothing left behind, every invariant
+/// checked and held.
+fn run_and_check(scenario: Scenario) {
     let binary = levee_binary().unwrap_or_else(|e| panic!("the levee binary: {e}"));
     let dir = tempfile::tempdir().expect("a report directory");
-    let scenario = Scenario::region_partition_short();
     let started = Instant::now();
     let report = run(
         &scenario,

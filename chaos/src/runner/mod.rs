@@ -218,7 +218,11 @@ fn drive(c: &mut ChaosCluster, s: &Scenario, data: &mut RunData) -> Result<(), S
         (Target::Main, MAIN_RULE, &data.main_key, 0.0),
         (Target::Probe, PROBE_RULE, &data.probe_key, 0.5),
     ] {
-        let body = serde_json::json!({ "rule": rule, "key": key }).to_string();
+        let mut body = serde_json::json!({ "rule": rule, "key": key });
+        if let (Target::Main, Some(ms)) = (target, s.max_wait_ms) {
+            body["max_wait_ms"] = ms.into();
+        }
+        let body = body.to_string();
         for i in 0..NODES {
             streams.push(Stream {
                 node: i,
