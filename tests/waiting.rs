@@ -5,7 +5,7 @@
 //! once the limit is used up is answered at once.
 
 use levee_blackbox::cluster::{Cluster, ClusterSpec};
-use levee_blackbox::{Reply, levee_binary};
+use levee_blackbox::{Node, Reply, levee_binary};
 use levee_client::{Check, Client, Source};
 use serde_json::json;
 
@@ -155,4 +155,56 @@ fn a_burst_that_can_wait_gets_the_whole_limit_and_no_more() {
     assert_eq!(admitted, LIMIT, "{waited} checks waited");
     assert_eq!(used_everywhere(&c, "client"), vec![LIMIT; c.len()]);
     eprintln!("levee-client, willing to wait 2 s: {admitted} admitted, {waited} checks waited");
+}
+
+/// A single node with a rule of 3 a day.
+const SINGLE: &str = r#"
+[node]
+id = "eu-1"
+region = "eu"
+
+[[rule]]
+name = "per-tenant"
+algorithm = "fixed_window"
+limit = 3
+window = "1d"
+"#;
+
+#[test]
+fn a_single_node_answers_a_check_that_can_wait_at_once() {
+    // A single node holds the whole limit: a deny is never for want of rights, and nothing
+    // waits. `waited_ms` is in the answer of every check that gave `max_wait_ms`.
+    let node = Node::start(SINGLE);
+    let body = json!({ "rule": "per-tenant", "key": "waiter", "max_wait_ms": 10_000 });
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let r = node.post_json("/v1/check", &body);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.json["waited_ms"], 0, "{}", r.body);
+        admitted += u64::from(r.allowed());
+    }
+    assert_eq!(admitted, 3, "per-tenant allows 3 a day");
+    let r = node.post_json(
+        "/v1/check",
+        &json!({ "rule": "per-tenant", "key": "waiter" }),
+    );
+    assert!(
+        r.json.get("waited_ms").is_none(),
+        "no max_wait_ms, no waited_ms: {}",
+        r.body
+    );
+    let r = node.post_json(
+        "/v1/check/batch",
+        &json!({ "checks": [
+            { "rule": "per-tenant", "key": "waiter2" },
+            { "rule": "per-tenant", "key": "waiter2", "max_wait_ms": 50 }
+        ] }),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.json["results"][0].get("waited_ms").is_none(),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.json["results"][1]["waited_ms"], 0, "{}", r.body);
 }

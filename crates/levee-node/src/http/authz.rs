@@ -295,37 +295,37 @@ pub(super) fn authz_input<'a>(
             _ => client_ip(headers, peer, &app.config.load().api.trusted_proxies)?,
         },
     };
-    let cost = match cost {
-        None => 1,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| {
-                ApiError::invalid("header X-RateLimit-Cost: must be a non-negative integer")
-            })?,
-    };
+    let cost = header_u64(cost, u64::MAX)
+        .map_err(|()| ApiError::invalid("header X-RateLimit-Cost: must be a non-negative integer"))?
+        .unwrap_or(1);
     let class = class.and_then(|v| v.to_str().ok());
-    let max_wait_ms = match max_wait {
-        None => 0,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .filter(|&ms| ms <= crate::wait::MAX_WAIT_MS)
-            .ok_or_else(|| {
-                ApiError::invalid(format!(
-                    "header X-RateLimit-Max-Wait: must be an integer from 0 to {} (ms)",
-                    crate::wait::MAX_WAIT_MS
-                ))
-            })?,
-    };
+    let max_wait_ms = header_u64(max_wait, crate::wait::MAX_WAIT_MS)
+        .map_err(|()| {
+            ApiError::invalid(format!(
+                "header X-RateLimit-Max-Wait: must be an integer from 0 to {} (ms)",
+                crate::wait::MAX_WAIT_MS
+            ))
+        })?
+        .unwrap_or(0);
     Ok(AuthzInput {
         key,
         cost,
         class,
         max_wait_ms,
     })
+}
+
+/// An integer header (trimmed): `Ok(None)` when it is absent, `Err` when it is not an
+/// integer from 0 to `max`.
+fn header_u64(v: Option<&HeaderValue>, max: u64) -> Result<Option<u64>, ()> {
+    v.map(|v| {
+        v.to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|&n| n <= max)
+            .ok_or(())
+    })
+    .transpose()
 }
 
 /// The answer to an `/v1/authz` decision: 200 and an empty body, or the denial status with
