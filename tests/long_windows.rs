@@ -61,7 +61,6 @@ fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
     let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
     let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
     let rule = "daily";
-    avoid_window_edge(DAY_MS, 120_000);
     const BEFORE: u64 = 50;
     let key = c.day_key_held_by_eu2("crashed-owner", BEFORE);
     let key = key.as_str();

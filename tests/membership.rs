@@ -290,7 +290,6 @@ fn a_keys_owner_that_leaves_hands_its_rights_over_and_is_removed_with_nothing_st
     let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
     let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
     let rule = "daily";
-    avoid_window_edge(DAY_MS, 120_000);
     const BEFORE: u64 = 50;
     let key = c.day_key_held_by_eu2("leaving", BEFORE);
     let key = key.as_str();

@@ -5,6 +5,8 @@
 //! once the limit is used up is answered at once.
 
 use levee_blackbox::cluster::{Cluster, ClusterSpec};
+use std::time::Duration;
+
 use levee_blackbox::{Node, Reply, levee_binary};
 use levee_client::{Check, Client, Source};
 use serde_json::json;
@@ -31,16 +33,15 @@ fn check(c: &Cluster, i: usize, key: &str, max_wait_ms: Option<u64>) -> Reply {
     r
 }
 
-/// What the key used, as every node sees it once their views agree.
-fn used_everywhere(c: &Cluster, key: &str) -> Vec<u64> {
-    let mut last = Vec::new();
-    levee_blackbox::wait_until(std::time::Duration::from_secs(5), || {
-        last = (0..c.len())
-            .map(|i| c.usage(i, "burst", key).unwrap()["used"].as_u64().unwrap())
-            .collect();
-        last.windows(2).all(|w| w[0] == w[1])
-    });
-    last
+/// Asserts that every node's view of `key` agrees on `used`.
+#[track_caller]
+fn assert_used_everywhere(c: &Cluster, key: &str, used: u64) {
+    let all: Vec<usize> = (0..c.len()).collect();
+    if let Err(e) = c.wait_agreement(&all, "burst", key, Duration::from_secs(5), |v| {
+        v.used == used
+    }) {
+        panic!("{e}");
+    }
 }
 
 #[test]
@@ -79,7 +80,7 @@ fn a_burst_that_can_wait_gets_the_whole_limit_and_no_more() {
     assert!(!r.allowed(), "{}", r.body);
     assert!(r.u64("waited_ms") < 2_000, "{}", r.body);
     assert!(r.u64("retry_after_ms") > 1_000, "{}", r.body);
-    assert_eq!(used_everywhere(&c, "can-wait"), vec![LIMIT; c.len()]);
+    assert_used_everywhere(&c, "can-wait", LIMIT);
     eprintln!(
         "burst of {LIMIT} at eu-1: {at_once} admitted at once; willing to wait 2 s: {admitted}, \
          longest wait {} ms, {} checks waited",
@@ -107,7 +108,7 @@ fn a_burst_that_can_wait_gets_the_whole_limit_and_no_more() {
     assert!(results[1]["waited_ms"].is_u64(), "{}", r.body);
     assert!(!results[2]["allowed"].as_bool().unwrap(), "{}", r.body);
     assert!(results[2].get("waited_ms").is_none(), "{}", r.body);
-    assert_eq!(used_everywhere(&c, "batch"), vec![90; c.len()]);
+    assert_used_everywhere(&c, "batch", 90);
 
     // /v1/authz with X-RateLimit-Max-Wait: the whole limit, at us-1 this time.
     let mut passed = 0;
@@ -125,7 +126,7 @@ fn a_burst_that_can_wait_gets_the_whole_limit_and_no_more() {
         passed += u64::from(r.status == 200);
     }
     assert_eq!(passed, LIMIT);
-    assert_eq!(used_everywhere(&c, "gateway"), vec![LIMIT; c.len()]);
+    assert_used_everywhere(&c, "gateway", LIMIT);
 
     // levee-client: every check carries an idempotency key, so the waiting check's first
     // (denied) answer is remembered; the final one must replace it. Its timeout grows by the
@@ -153,7 +154,7 @@ fn a_burst_that_can_wait_gets_the_whole_limit_and_no_more() {
         (admitted, waited)
     });
     assert_eq!(admitted, LIMIT, "{waited} checks waited");
-    assert_eq!(used_everywhere(&c, "client"), vec![LIMIT; c.len()]);
+    assert_used_everywhere(&c, "client", LIMIT);
     eprintln!("levee-client, willing to wait 2 s: {admitted} admitted, {waited} checks waited");
 }
 

@@ -323,8 +323,10 @@ impl LocalClusterHandle {
     }
 
     /// A key of `daily` that eu-2 (node 1) owns, of which it has admitted `before` and then
-    /// gathered its region's rights.
+    /// gathered its region's rights; two minutes or more before the day ends, so that the
+    /// test that follows runs in one window.
     pub(crate) fn day_key_held_by_eu2(&self, prefix: &str, before: u64) -> String {
+        avoid_window_edge(DAY_MS, 120_000);
         let key = self.key_owned_by(0, "daily", "eu-2", prefix);
         self.admit_retrying(1, "daily", &key, before);
         // The owner gathers its region's rights: give it a moment to hold them.
@@ -489,16 +491,8 @@ impl LocalClusterHandle {
         timeout: Duration,
         accept: impl Fn(&View) -> bool,
     ) -> View {
-        let mut last = Vec::new();
-        let ok = wait_until(timeout, || {
-            last = nodes.iter().map(|&i| self.view(i, rule, key)).collect();
-            last.windows(2).all(|w| w[0] == w[1]) && accept(&last[0])
-        });
-        assert!(
-            ok,
-            "{rule}/{key}: the nodes {:?} do not agree on an acceptable view within {timeout:?}: {last:?}",
-            nodes.iter().map(|&i| self.id(i)).collect::<Vec<_>>()
-        );
-        last.swap_remove(0)
+        self.c
+            .wait_agreement(nodes, rule, key, timeout, accept)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }

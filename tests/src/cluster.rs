@@ -886,6 +886,32 @@ impl Cluster {
         self.usage(i, rule, key).ok().as_ref().and_then(View::of)
     }
 
+    /// Waits until every node of `nodes` reports the same view of `rule`/`key` (its `used`
+    /// and per-region figures) and `accept` holds for it; returns that view, or, after
+    /// `timeout`, what each node reported last.
+    pub fn wait_agreement(
+        &self,
+        nodes: &[usize],
+        rule: &str,
+        key: &str,
+        timeout: Duration,
+        accept: impl Fn(&View) -> bool,
+    ) -> Result<View, String> {
+        let mut last: Vec<Option<View>> = Vec::new();
+        let agreed = crate::wait_until(timeout, || {
+            last = nodes.iter().map(|&i| self.view(i, rule, key)).collect();
+            last.windows(2).all(|w| w[0] == w[1]) && last[0].as_ref().is_some_and(&accept)
+        });
+        match last.swap_remove(0) {
+            Some(view) if agreed => Ok(view),
+            _ => Err(format!(
+                "{rule}/{key}: the nodes {:?} do not agree on an acceptable view within \
+                 {timeout:?}: {last:?}",
+                nodes.iter().map(|&i| self.id(i)).collect::<Vec<_>>()
+            )),
+        }
+    }
+
     /// `GET /v1/cluster` on node `i`; `Err` unless 200.
     pub fn status(&self, i: usize) -> Result<Value, String> {
         let r = self.get(i, "/v1/cluster")?;
