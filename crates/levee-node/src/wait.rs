@@ -83,10 +83,13 @@ impl App {
         max_wait_ms: u64,
     ) -> Result<(Outcome, u64), ApiError> {
         // Subscribed before the first decision: a merge between the two is not missed.
-        let merged = self.merges(max_wait_ms > 0);
+        let Some(merged) = self.merges(max_wait_ms > 0 && !req.dry_run) else {
+            // Nothing can wait: the check is answered as it always was.
+            return Ok((self.check(req).await?, 0));
+        };
         let mut out = [self.check(req).await?];
         let waited = self
-            .wait_for_rights(&[req], &mut out, &[max_wait_ms], merged)
+            .wait_for_rights(&[req], &mut out, &[max_wait_ms], Some(merged))
             .await?;
         Ok((out[0], waited[0]))
     }

@@ -163,14 +163,9 @@ pub fn fuzz_batch_body(bytes: &[u8], max_batch: usize) {
     }
 }
 
-/// Notes check `i`'s `max_wait_ms` in `waits` (which stays empty while no check gives one),
-/// validated.
-fn wait_given(waits: &mut Vec<Option<u64>>, i: usize, v: Option<i64>) -> Result<(), ApiError> {
-    if v.is_some() {
-        waits.resize(i, None);
-        waits.push(Some(max_wait_of(v, Field::Check(i))?));
-    }
-    Ok(())
+/// Check `i`'s `max_wait_ms`, validated; `None` when it gives none.
+fn max_wait_given(i: usize, v: Option<i64>) -> Result<Option<u64>, ApiError> {
+    v.map(|_| max_wait_of(v, Field::Check(i))).transpose()
 }
 
 /// Writes the answer to a batch, `{"results":[…]}`, the same bytes `serde_json` would write
@@ -276,7 +271,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
         let bytes = json_bytes(&app, req).await?;
         let slow;
         let escaped;
-        // Each check's `max_wait_ms` as given (validated, in ms).
+        // Each check's `max_wait_ms`, validated, as given (`None`: not given).
         let mut waits: Vec<Option<u64>> = Vec::new();
         let checks: Vec<CheckRef<'_>> = match batch_checks_fast(&bytes) {
             Some(fast) => {
@@ -287,7 +282,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
                 let mut checks = Vec::with_capacity(fast.len());
                 for (i, c) in fast.into_iter().enumerate() {
                     checks.push(c.check_ref(i)?);
-                    wait_given(&mut waits, i, c.max_wait_ms)?;
+                    waits.push(max_wait_given(i, c.max_wait_ms)?);
                 }
                 checks
             }
@@ -297,7 +292,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
                 let mut checks = Vec::with_capacity(slow.len());
                 for (i, c) in slow.iter().enumerate() {
                     checks.push(c.check_ref(i)?);
-                    wait_given(&mut waits, i, c.max_wait_ms)?;
+                    waits.push(max_wait_given(i, c.max_wait_ms)?);
                 }
                 checks
             }
@@ -305,8 +300,7 @@ pub(super) async fn batch(State(app): State<Arc<App>>, req: Request) -> Response
         let merged = app.merges(waits.iter().any(|w| w.is_some_and(|ms| ms > 0)));
         let mut outs = app.batch(&checks).await?;
         let mut waited = Vec::new();
-        if !waits.is_empty() {
-            waits.resize(checks.len(), None);
+        if waits.iter().any(Option::is_some) {
             let ms: Vec<u64> = waits.iter().map(|w| w.unwrap_or(0)).collect();
             let took = app.wait_for_rights(&checks, &mut outs, &ms, merged).await?;
             waited = waits.iter().zip(took).map(|(w, t)| w.map(|_| t)).collect();
