@@ -75,7 +75,7 @@ impl<'p> Driver<'p> {
         if decision.allowed {
             self.ledger.admit(key, window, region, node);
         } else {
-            self.wait_for_rights(node, region, key, acting_alone, &decision);
+            self.wait_for_rights(node, region, key, view);
         }
         Some(decision)
     }

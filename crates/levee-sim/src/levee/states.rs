@@ -146,7 +146,8 @@ impl SimStates {
 
     /// Decides a check as [`SimStates::decide`] does, or, with `dry_run`, says what it would
     /// decide and changes nothing (a check waiting for rights looks so, as `levee_node::wait`
-    /// does). The decision's `remaining` is the key's global estimate, as a node answers it.
+    /// does). A dry run's `remaining` is the key's global estimate, as a node answers it
+    /// (whether the cluster has room); a decision's is the core's, this node's own.
     pub fn decide_as(
         &mut self,
         rule: &str,
@@ -172,13 +173,23 @@ impl SimStates {
             replicas: &self.replicas,
             view,
         };
-        let state = self.keys.entry(id.clone()).or_default();
-        let mut d = state.decide(&target, RuleMode::Enforce, cost, dry_run, &ctx);
-        d.remaining = state.usage(&target, &ctx).remaining;
-        if !dry_run {
-            self.dirty.insert(id.clone());
-            self.active.insert(id);
+        if dry_run {
+            // A read creates no key, as a node's does not.
+            let mut fresh = KeyState::new();
+            let state = self.keys.get_mut(&id).unwrap_or(&mut fresh);
+            let mut d = state.decide(&target, RuleMode::Enforce, cost, true, &ctx);
+            d.remaining = state.usage(&target, &ctx).remaining;
+            return Some(d);
         }
+        let d = self.keys.entry(id.clone()).or_default().decide(
+            &target,
+            RuleMode::Enforce,
+            cost,
+            false,
+            &ctx,
+        );
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
         Some(d)
     }
 

@@ -6,6 +6,7 @@
 //! owner keeps the waiting check, one round trip inside the region sooner.)
 
 use super::*;
+use levee_core::ClusterView;
 
 /// A check waiting for rights.
 pub(super) struct Waiter {
@@ -19,17 +20,25 @@ pub(super) struct Waiter {
 }
 
 impl<'p> Driver<'p> {
-    /// After `decision`, a deny at `node`: the check waits if its caller can and the key's
-    /// global estimate has room.
+    /// After a deny at `node`: the check waits if its caller can and the key's global
+    /// estimate has room (a dry run at the same instant says).
     pub(super) fn wait_for_rights(
         &mut self,
         node: usize,
         region: usize,
         key: u32,
-        acting_alone: bool,
-        decision: &Decision,
+        view: ClusterView,
     ) {
-        if self.plan.max_wait_ms == 0 || decision.remaining == 0 {
+        if self.plan.max_wait_ms == 0 {
+            return;
+        }
+        let t = self.clock(node);
+        let name = &self.plan.keys[key as usize];
+        let room = self.nodes[node]
+            .states
+            .decide_as(RULE, name, 1, t, view, true)
+            .is_some_and(|p| p.remaining > 0);
+        if !room {
             return;
         }
         self.waiting.push(Waiter {
@@ -37,7 +46,7 @@ impl<'p> Driver<'p> {
             incarnation: self.nodes[node].incarnation,
             region,
             key,
-            acting_alone,
+            acting_alone: view.acting_alone,
             until: self.now + self.plan.max_wait_ms,
         });
     }
