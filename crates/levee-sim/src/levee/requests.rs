@@ -59,7 +59,10 @@ impl<'p> Driver<'p> {
         view.acting_alone = acting_alone;
         let t = self.clock(node);
         let window = self.plan.window_of(t);
-        let Some(decision) = self.nodes[node].states.decide(RULE, name, 1, t, view) else {
+        let Some(decision) = self.nodes[node]
+            .states
+            .decide(RULE, name, 1, t, view, false)
+        else {
             self.errors
                 .push(format!("node {node}: no decision for key {name}"));
             return None;

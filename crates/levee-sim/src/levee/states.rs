@@ -132,23 +132,11 @@ impl SimStates {
     }
 
     /// Decides one check of `rule` for `key` at `now`; `None` if the rule is unknown or the
-    /// cost can never be granted.
+    /// cost can never be granted. With `dry_run`, says what it would decide and changes
+    /// nothing (a check waiting for rights looks so, as `levee_node::wait` does). A dry run's
+    /// `remaining` is the key's global estimate, as a node answers it (whether the cluster
+    /// has room); a decision's is the core's, this node's own.
     pub fn decide(
-        &mut self,
-        rule: &str,
-        key: &str,
-        cost: u64,
-        now: Millis,
-        view: ClusterView,
-    ) -> Option<Decision> {
-        self.decide_as(rule, key, cost, now, view, false)
-    }
-
-    /// Decides a check as [`SimStates::decide`] does, or, with `dry_run`, says what it would
-    /// decide and changes nothing (a check waiting for rights looks so, as `levee_node::wait`
-    /// does). A dry run's `remaining` is the key's global estimate, as a node answers it
-    /// (whether the cluster has room); a decision's is the core's, this node's own.
-    pub fn decide_as(
         &mut self,
         rule: &str,
         key: &str,

@@ -36,7 +36,7 @@ impl<'p> Driver<'p> {
         let name = &self.plan.keys[key as usize];
         let room = self.nodes[node]
             .states
-            .decide_as(RULE, name, 1, t, view, true)
+            .decide(RULE, name, 1, t, view, true)
             .is_some_and(|p| p.remaining > 0);
         if !room {
             return;
@@ -75,10 +75,12 @@ impl<'p> Driver<'p> {
             let name = &self.plan.keys[w.key as usize];
             let probe = self.nodes[w.node]
                 .states
-                .decide_as(RULE, name, 1, t, view, true);
+                .decide(RULE, name, 1, t, view, true);
             match probe {
                 Some(p) if p.allowed => {
-                    let d = self.nodes[w.node].states.decide(RULE, name, 1, t, view);
+                    let d = self.nodes[w.node]
+                        .states
+                        .decide(RULE, name, 1, t, view, false);
                     if d.is_some_and(|d| d.allowed) {
                         self.ledger
                             .admit(w.key, self.plan.window_of(t), w.region, w.node);
