@@ -50,10 +50,14 @@ pub fn max_wait_of(v: Option<i64>, field: Field) -> Result<u64, ApiError> {
 }
 
 /// Whether `out`, the answer to `req`, is a deny that rights arriving could turn into an
-/// admission: enforced, not decided by a list, and the global estimate has room for the cost.
+/// admission: enforced, not decided by a list, the global estimate has room for the cost, and
+/// not degraded. (A deny under a conservative cap, with a region or the owner out of reach,
+/// is answered at once: the rights that would turn it cannot arrive, and the room it sees is
+/// partly the unreachable side's unknown usage.)
 fn worth_waiting(req: CheckRef<'_>, out: &Outcome) -> bool {
     let d = &out.decision;
     !d.allowed
+        && !d.degraded
         && d.mode == RuleMode::Enforce
         && out.list.is_none()
         && req.cost > 0

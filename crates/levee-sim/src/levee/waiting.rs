@@ -29,7 +29,8 @@ impl<'p> Driver<'p> {
         key: u32,
         view: ClusterView,
     ) {
-        if self.plan.max_wait_ms == 0 {
+        if self.plan.max_wait_ms == 0 || view.degraded() {
+            // A degraded deny is answered at once, as `levee_node::wait` answers it.
             return;
         }
         let t = self.clock(node);
@@ -86,7 +87,9 @@ impl<'p> Driver<'p> {
                             .admit(w.key, self.plan.window_of(t), w.region, w.node);
                     }
                 }
-                Some(p) if p.remaining > 0 && self.now < w.until => self.waiting.push(w),
+                Some(p) if p.remaining > 0 && !p.degraded && self.now < w.until => {
+                    self.waiting.push(w)
+                }
                 _ => {}
             }
         }
