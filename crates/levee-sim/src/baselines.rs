@@ -21,10 +21,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use levee_testkit::rng::SeededRng;
 
+use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, Rule, RuleMode};
+
 use crate::heal::HealFigure;
 use crate::ledger::Ledger;
+use crate::levee::refund_measured;
 use crate::net::SimNet;
-use crate::plan::{FaultKind, NetParams, RunPlan, T0};
+use crate::plan::{Algo, FaultKind, NetParams, Request, RunPlan, T0};
 
 /// Region liveness and links, replayed from the plan's faults.
 struct World<'p, P> {
@@ -94,25 +97,121 @@ fn window(plan: &RunPlan, now: u64) -> u64 {
     plan.window_of(T0 + now)
 }
 
+/// The plan's rule decided exactly, by the core on a single node, at each of a few places
+/// that never exchange state: the central counter's one, or every region's own part of the
+/// limit for the static split. Clocks read simulated time.
+struct Exact {
+    /// By place: the rule bound to a single node.
+    rules: Vec<Rule>,
+    single: ReplicaSet,
+    keys: HashMap<(u32, usize), KeyState>,
+}
+
+/// A decision's context at a single node whose clock reads simulated time.
+fn ctx(single: &ReplicaSet, now: u64) -> DecideCtx<'_> {
+    DecideCtx {
+        now: T0 + now,
+        me: NodeIdx(0),
+        replicas: single,
+        view: ClusterView::alone(),
+    }
+}
+
+/// A refund due at a place: (place, key, region asked, cost, the ledger's endpoint for the
+/// place).
+type Due = BTreeMap<u64, Vec<(usize, u32, usize, u64, usize)>>;
+
+impl Exact {
+    fn new(limits: impl IntoIterator<Item = Rule>) -> Exact {
+        let single = ReplicaSet::single("anchor", "r0");
+        let rules = limits
+            .into_iter()
+            .map(|mut r| {
+                r.bind(&single);
+                r
+            })
+            .collect();
+        Exact {
+            rules,
+            single,
+            keys: HashMap::new(),
+        }
+    }
+
+    /// Decides a check of `cost` for `key` at `place`.
+    fn decide(&mut self, place: usize, key: u32, cost: u64, now: u64) -> bool {
+        // A cost above a region's whole part is never granted.
+        let Ok(target) = self.rules[place].target(None, cost) else {
+            return false;
+        };
+        let ctx = ctx(&self.single, now);
+        let state = self.keys.entry((key, place)).or_default();
+        state
+            .decide(&target, RuleMode::Enforce, cost, false, &ctx)
+            .allowed
+    }
+
+    /// Gives back the refunds due at `now` and records what was really given back.
+    fn refund_due(&mut self, plan: &RunPlan, due: &mut Due, now: u64, ledger: &mut Ledger) {
+        let Some(list) = due.remove(&now) else {
+            return;
+        };
+        for (place, key, region, cost, endpoint) in list {
+            let Ok(target) = self.rules[place].target(None, cost) else {
+                continue;
+            };
+            let ctx = ctx(&self.single, now);
+            let Some(state) = self.keys.get_mut(&(key, place)) else {
+                continue;
+            };
+            for (epoch, tokens) in refund_measured(state, &target, cost, &ctx) {
+                let (w, sim) = if plan.algo == Algo::SlidingLog {
+                    (plan.window_of(epoch), epoch - T0)
+                } else {
+                    (epoch, now)
+                };
+                ledger.refund(key, (w, sim), region, endpoint, tokens);
+            }
+        }
+    }
+}
+
+/// Schedules the refund of an admitted request, if its caller gives it back.
+fn schedule(due: &mut Due, r: &Request, now: u64, (place, endpoint): (usize, usize)) {
+    if r.refund_ms > 0 {
+        due.entry(now + u64::from(r.refund_ms)).or_default().push((
+            place,
+            r.key,
+            r.region as usize,
+            u64::from(r.cost),
+            endpoint,
+        ));
+    }
+}
+
 /// Each region enforces its static part of the limit alone.
 pub fn run_static_split(plan: &RunPlan) -> Ledger {
     let regions = plan.topology.regions();
     let limits = plan.region_limits();
     let mut world: World<'_, ()> = World::new(plan, "static");
-    let mut ledger = Ledger::new(regions);
-    let mut used: HashMap<(u32, u64, usize), u64> = HashMap::new();
-    for r in &plan.requests {
-        world.advance(r.at);
-        let region = r.region as usize;
-        let w = window(plan, r.at);
-        ledger.demand(r.key, w, region);
-        if !world.region_up(region) {
-            continue;
-        }
-        let u = used.entry((r.key, w, region)).or_default();
-        if *u < limits[region] {
-            *u += 1;
-            ledger.admit(r.key, w, region, region);
+    let mut ledger = Ledger::new(regions, !plan.algo.per_window());
+    let mut exact = Exact::new(limits.iter().map(|&l| plan.rule_with(l)));
+    let mut due = Due::new();
+    let mut next = 0;
+    for now in 0..plan.duration_ms {
+        exact.refund_due(plan, &mut due, now, &mut ledger);
+        while next < plan.requests.len() && plan.requests[next].at <= now {
+            let r = plan.requests[next];
+            next += 1;
+            world.advance(r.at);
+            let region = r.region as usize;
+            let w = window(plan, r.at);
+            let cost = u64::from(r.cost);
+            ledger.demand(r.key, w, region, cost);
+            if world.region_up(region) && exact.decide(region, r.key, cost, now) {
+                ledger.admit(r.key, (w, now), region, region, cost);
+                schedule(&mut due, &r, now, (region, region));
+            }
         }
     }
     ledger
@@ -121,12 +220,12 @@ pub fn run_static_split(plan: &RunPlan) -> Ledger {
 #[derive(Debug, Clone, Copy)]
 enum CentralMsg {
     Ask {
-        key: u32,
-        region: usize,
+        request: Request,
     },
     Answer {
-        key: u32,
-        window: u64,
+        request: Request,
+        /// The home's window and simulated time when it decided.
+        decided: (u64, u64),
         allowed: bool,
     },
 }
@@ -135,47 +234,46 @@ enum CentralMsg {
 pub fn run_central(plan: &RunPlan) -> Ledger {
     let regions = plan.topology.regions();
     let mut world: World<'_, CentralMsg> = World::new(plan, "central");
-    let mut ledger = Ledger::new(regions);
-    let mut count: HashMap<(u32, u64), u64> = HashMap::new();
-    let decide = |count: &mut HashMap<(u32, u64), u64>, key: u32, w: u64| {
-        let c = count.entry((key, w)).or_default();
-        let allowed = *c < plan.limit;
-        if allowed {
-            *c += 1;
-        }
-        allowed
-    };
+    let mut ledger = Ledger::new(regions, !plan.algo.per_window());
+    let mut exact = Exact::new([plan.rule()]);
+    let mut due = Due::new();
     let mut next = 0;
     for now in 0..plan.duration_ms {
         world.advance(now);
+        exact.refund_due(plan, &mut due, now, &mut ledger);
         while let Some(m) = world.net.pop_due(now) {
             match m.payload {
-                CentralMsg::Ask { key, region } => {
+                CentralMsg::Ask { request } => {
                     let home = m.to;
                     if !world.region_up(home) {
                         continue;
                     }
                     let w = window(plan, now);
-                    let allowed = decide(&mut count, key, w);
+                    let allowed = exact.decide(0, request.key, u64::from(request.cost), now);
                     world.net.send(
                         now,
                         home,
-                        region,
+                        request.region as usize,
                         0,
                         CentralMsg::Answer {
-                            key,
-                            window: w,
+                            request,
+                            decided: (w, now),
                             allowed,
                         },
                     );
                 }
                 CentralMsg::Answer {
-                    key,
-                    window: w,
+                    request,
+                    decided,
                     allowed,
                 } => {
                     if allowed && world.region_up(m.to) {
-                        ledger.admit(key, w, m.to, m.to);
+                        // Counted when the home admitted it; refunded (at the home) from
+                        // when the caller knows.
+                        // The counter's tallies are the home's.
+                        let home = m.from;
+                        ledger.admit(request.key, decided, m.to, home, u64::from(request.cost));
+                        schedule(&mut due, &request, now, (0, home));
                     }
                 }
             }
@@ -185,19 +283,21 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
             next += 1;
             let region = r.region as usize;
             let w = window(plan, now);
-            ledger.demand(r.key, w, region);
+            let cost = u64::from(r.cost);
+            ledger.demand(r.key, w, region, cost);
             if !world.region_up(region) {
                 continue;
             }
             let home = plan.home_region(r.key);
             if home == region {
-                if decide(&mut count, r.key, w) {
-                    ledger.admit(r.key, w, region, region);
+                if exact.decide(0, r.key, cost, now) {
+                    ledger.admit(r.key, (w, now), region, region, cost);
+                    schedule(&mut due, &r, now, (0, home));
                 }
             } else {
                 world
                     .net
-                    .send(now, region, home, 0, CentralMsg::Ask { key: r.key, region });
+                    .send(now, region, home, 0, CentralMsg::Ask { request: r });
             }
         }
     }
@@ -214,7 +314,7 @@ enum SharedMsg {
 pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
     let regions = plan.topology.regions();
     let mut world: World<'_, SharedMsg> = World::new(plan, "shared");
-    let mut ledger = Ledger::new(regions);
+    let mut ledger = Ledger::new(regions, false);
     // The owner's counters, and the keys changed since its last broadcast.
     let mut count: HashMap<(u32, u64), u64> = HashMap::new();
     let mut dirty: BTreeSet<u32> = BTreeSet::new();
@@ -280,7 +380,7 @@ pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
             let r = plan.requests[next];
             next += 1;
             let region = r.region as usize;
-            ledger.demand(r.key, w_now, region);
+            ledger.demand(r.key, w_now, region, 1);
             if !world.region_up(region) {
                 continue;
             }
@@ -290,7 +390,7 @@ pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
                 if *c < plan.limit {
                     *c += 1;
                     dirty.insert(r.key);
-                    ledger.admit(r.key, w_now, region, region);
+                    ledger.admit(r.key, (w_now, now), region, region, 1);
                 }
             } else {
                 let c = cache.entry((region, r.key)).or_insert((w_now, 0));
@@ -299,7 +399,7 @@ pub fn run_shared_counter(plan: &RunPlan) -> (Ledger, Vec<HealFigure>) {
                 }
                 if c.1 < plan.limit {
                     c.1 += 1;
-                    ledger.admit(r.key, w_now, region, region);
+                    ledger.admit(r.key, (w_now, now), region, region, 1);
                 }
                 *pending.entry((region, r.key, w_now)).or_default() += 1;
             }

@@ -318,6 +318,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
         probe: None,
         requests,
         max_wait_ms: 0,
+        algo: crate::plan::Algo::FixedWindow,
     }
 }
 

@@ -76,6 +76,9 @@ impl Policy {
 pub enum ViolationKind {
     /// Strict mode admitted more than the limit (beyond what crashes forgot).
     StrictLimit,
+    /// A rule that holds rights continuously (a bucket, a sliding window or log) admitted
+    /// more than its algorithm allows (`crate::algos`).
+    AlgorithmLimit,
     /// A side of a partition admitted more than its cap.
     PartitionCap,
     /// A side of a partition with the demand admitted less than 95 % of its share.
@@ -100,8 +103,9 @@ pub enum ViolationKind {
 
 impl ViolationKind {
     /// Every kind, for reports.
-    pub const ALL: [ViolationKind; 9] = [
+    pub const ALL: [ViolationKind; 10] = [
         ViolationKind::StrictLimit,
+        ViolationKind::AlgorithmLimit,
         ViolationKind::PartitionCap,
         ViolationKind::PartitionShare,
         ViolationKind::HealAgreement,
@@ -116,6 +120,7 @@ impl ViolationKind {
     pub fn name(self) -> &'static str {
         match self {
             ViolationKind::StrictLimit => "strict-limit",
+            ViolationKind::AlgorithmLimit => "algorithm-limit",
             ViolationKind::PartitionCap => "partition-cap",
             ViolationKind::PartitionShare => "partition-share",
             ViolationKind::HealAgreement => "heal-agreement",
@@ -207,7 +212,12 @@ pub fn check_levee(
         })
     };
     let limit = plan.limit;
-    for (&(key, w), book) in &ledger.windows {
+    if !plan.algo.per_window() {
+        for detail in crate::algos::check_continuous(plan, ledger) {
+            push(ViolationKind::AlgorithmLimit, detail);
+        }
+    }
+    for (&(key, w), book) in ledger.windows.iter().filter(|_| plan.algo.per_window()) {
         let admitted = book.admitted_total();
         let name = &plan.keys[key as usize];
         if policy == Policy::Strict && book.retry_with_room.1 > levee_core::RIGHTS_RETRY_MS {
@@ -237,8 +247,18 @@ pub fn check_levee(
         }
     }
     // Shares move with the list: a side's cap is the first list's only without changes.
-    if !plan.has_crashes() && !plan.has_membership() {
+    if !plan.has_crashes() && !plan.has_membership() && plan.algo.per_window() {
         let limits = plan.region_limits();
+        // What costs above 1 can leave unspent at every node: rights below the next check's
+        // cost.
+        let stranded = plan
+            .requests
+            .iter()
+            .map(|r| u64::from(r.cost))
+            .max()
+            .unwrap_or(1)
+            - 1;
+        let nodes = plan.topology.members();
         for ep in plan.episodes.iter().filter(|e| !e.sides.is_empty()) {
             for w in inside_windows(plan, ep) {
                 for (k, name) in plan.keys.iter().enumerate() {
@@ -248,6 +268,8 @@ pub fn check_levee(
                         let share: u64 = side.iter().map(|&r| limits[r]).sum();
                         let admitted: u64 = side.iter().map(|&r| book.admitted[r]).sum();
                         let demand: u64 = side.iter().map(|&r| book.demand[r]).sum();
+                        let unusable: u64 =
+                            side.iter().map(|&r| nodes[r].len() as u64 * stranded).sum();
                         if admitted > share {
                             push(
                                 ViolationKind::PartitionCap,
@@ -257,11 +279,11 @@ pub fn check_levee(
                                 ),
                             );
                         }
-                        if demand >= share && admitted * 100 < share * 95 {
+                        if demand >= share && admitted * 100 < share.saturating_sub(unusable) * 95 {
                             push(
                                 ViolationKind::PartitionShare,
                                 format!(
-                                    "key {name} window {}: side {side:?} admitted {admitted} < 95 % of its share {share} (demand {demand})",
+                                    "key {name} window {}: side {side:?} admitted {admitted} < 95 % of its share {share} less {unusable} costs can leave unspent (demand {demand})",
                                     rel(plan, w)
                                 ),
                             );

@@ -137,11 +137,7 @@ pub fn back_to_back(rng: &mut SeededRng, regions: usize) -> LongDemand {
     for p in 0..regions {
         let region = (first + p) % regions;
         for _ in 0..per_region {
-            requests.push(Request {
-                at: t,
-                region: region as u16,
-                key: 0,
-            });
+            requests.push(Request::one(t, region, 0));
             t += gap;
         }
         t += rng.range(0, 2_000);

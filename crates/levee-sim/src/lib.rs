@@ -24,9 +24,10 @@
 //! becomes a plan), [`changes`] (membership changes),
 //! [`workload`] (demand), [`net`] (the network), [`levee`] (the cluster under test),
 //! [`baselines`], [`ledger`] (what was admitted), [`heal`] (agreement after a heal),
-//! [`checks`], [`outcome`] (one run), [`summary`], [`settle`] (membership figures) and [`runner`] (many runs), [`table`]
+//! [`checks`] and [`algos`] (continuous algorithms' properties), [`outcome`] (one run), [`summary`], [`settle`] (membership figures) and [`runner`] (many runs), [`table`]
 //! (the accuracy figure).
 
+pub mod algos;
 pub mod baselines;
 pub mod changes;
 pub mod checks;

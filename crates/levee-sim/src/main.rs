@@ -34,13 +34,15 @@ struct Cli {
     /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
     /// back-to-back, light-keys (the demand set); grow, remove-dead, reweight, frozen-removed,
     /// churn, removed-alive, grow-reordered, leave (the membership set); bursts-wait (the
-    /// waiting set).
+    /// waiting set); fixed-window, token-bucket, leaky-bucket, sliding-window, sliding-log,
+    /// quota-day (the algorithms set).
     #[arg(long)]
     scenario: Option<String>,
     /// The set of scenarios seeds cycle through: classic (high-rate, 1 s windows, faults),
     /// demand (long windows, low rates, moving demand), membership (nodes added, removed,
-    /// re-weighted while partitions and crashes happen) or waiting (the bursts scenario with
-    /// callers that wait for rights, `max_wait_ms`).
+    /// re-weighted while partitions and crashes happen), waiting (the bursts scenario with
+    /// callers that wait for rights, `max_wait_ms`) or algorithms (every algorithm, with
+    /// costs from 1–10 and refunds, over the classic worlds).
     #[arg(long, default_value = "classic")]
     set: String,
     /// Print the accuracy table (markdown) of figure 8.
@@ -86,8 +88,11 @@ fn main() -> ExitCode {
         "demand" => &Scenario::DEMAND,
         "membership" => &Scenario::MEMBERSHIP,
         "waiting" => &Scenario::WAITING,
+        "algorithms" => &Scenario::ALGORITHMS,
         other => {
-            eprintln!("unknown --set {other:?}; one of: classic, demand, membership, waiting");
+            eprintln!(
+                "unknown --set {other:?}; one of: classic, demand, membership, waiting, algorithms"
+            );
             return ExitCode::from(2);
         }
     };
@@ -140,6 +145,7 @@ fn main() -> ExitCode {
             match cli.set.as_str() {
                 "demand" => "every demand scenario",
                 "membership" => "every membership scenario",
+                "algorithms" => "every algorithm",
                 _ => "every scenario",
             },
             Scenario::name

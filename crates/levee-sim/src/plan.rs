@@ -256,7 +256,7 @@ pub struct Episode {
     pub sides: Vec<Vec<usize>>,
 }
 
-/// One request: a check of cost 1 for a key, arriving at a region.
+/// One request: a check of a key, arriving at a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     /// Simulated time, ms.
@@ -265,6 +265,64 @@ pub struct Request {
     pub region: u16,
     /// Index into [`RunPlan::keys`].
     pub key: u32,
+    /// Its cost in tokens (1 but in the algorithms set, where it is drawn from 1–10).
+    pub cost: u16,
+    /// If admitted, the caller gives the tokens back this many ms later (`refund: true`,
+    /// where the check was decided); 0: never.
+    pub refund_ms: u16,
+}
+
+impl Request {
+    /// A request of cost 1 that is never refunded.
+    pub fn one(at: u64, region: usize, key: u32) -> Request {
+        Request {
+            at,
+            region: region as u16,
+            key,
+            cost: 1,
+            refund_ms: 0,
+        }
+    }
+}
+
+/// The algorithm of the rule a run enforces (`limit` and `window_ms` of the plan give its
+/// figures: see [`RunPlan::rule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// `limit` per aligned `window_ms`.
+    FixedWindow,
+    /// `limit` tokens per `window_ms`, bucket of `limit`.
+    TokenBucket,
+    /// A token bucket of `limit` per `window_ms` shaped as nginx's `limit_req` (`burst`
+    /// `limit − 1`, `delay` half of it).
+    LeakyBucket,
+    /// The weighted two-window counter, `limit` per `window_ms`.
+    SlidingWindow,
+    /// `limit` in any `window_ms`, from a log of admissions.
+    SlidingLog,
+    /// `limit` per UTC day (`window_ms` is a day).
+    QuotaDay,
+}
+
+impl Algo {
+    /// Its name in a configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::FixedWindow => "fixed_window",
+            Algo::TokenBucket => "token_bucket",
+            Algo::LeakyBucket => "leaky_bucket",
+            Algo::SlidingWindow => "sliding_window",
+            Algo::SlidingLog => "sliding_log",
+            Algo::QuotaDay => "quota",
+        }
+    }
+
+    /// Whether rights are held per window, so that every window (as the deciding node's
+    /// clock counts it) admits at most the limit: fixed windows and quotas. The others hold
+    /// rights continuously and have their own property (`crate::algos`).
+    pub fn per_window(self) -> bool {
+        matches!(self, Algo::FixedWindow | Algo::QuotaDay)
+    }
 }
 
 /// Everything one run needs.
@@ -307,9 +365,43 @@ pub struct RunPlan {
     /// How long a caller waits for rights (`max_wait_ms`, API.md "Waiting for rights") when
     /// its check is denied while the cluster has room; 0: every check is answered at once.
     pub max_wait_ms: u64,
+    /// The rule's algorithm ([`Algo::FixedWindow`] but in the algorithms set).
+    pub algo: Algo,
 }
 
 impl RunPlan {
+    /// The rule every node enforces, validated: the plan's algorithm with `limit` per
+    /// `window_ms` (see [`Algo`]).
+    pub fn rule(&self) -> levee_core::Rule {
+        self.rule_with(self.limit)
+    }
+
+    /// The plan's rule with another limit (and, for a bucket, rate): a region's part of it
+    /// for the static split.
+    pub fn rule_with(&self, limit: u64) -> levee_core::Rule {
+        use levee_core::RuleSpec;
+        let w = self.window_ms;
+        let spec = match self.algo {
+            Algo::FixedWindow => RuleSpec::fixed_window(RULE, limit, w),
+            Algo::TokenBucket => RuleSpec::token_bucket(RULE, limit, w, limit),
+            Algo::LeakyBucket => RuleSpec::leaky_bucket(RULE, limit, w, limit - 1, limit / 2),
+            Algo::SlidingWindow => RuleSpec::sliding_window(RULE, limit, w),
+            Algo::SlidingLog => RuleSpec::sliding_log(RULE, limit, w),
+            Algo::QuotaDay => {
+                RuleSpec::quota(RULE, limit, levee_core::calendar::CalendarPeriod::Day)
+            }
+        };
+        spec.validate().expect("the simulator's rules are valid")
+    }
+
+    /// Whether every request costs 1 and none is refunded (every set but the algorithms
+    /// one).
+    pub fn unit_costs(&self) -> bool {
+        self.requests
+            .iter()
+            .all(|r| r.cost == 1 && r.refund_ms == 0)
+    }
+
     /// Each region's part of the limit: the sum of its nodes' integer splits, exactly as the
     /// core computes them (the parts sum to the limit).
     pub fn region_limits(&self) -> Vec<u64> {

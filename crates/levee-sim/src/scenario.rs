@@ -11,8 +11,8 @@ use levee_testkit::rng::SeededRng;
 use crate::demand;
 use crate::lists::NodeList;
 use crate::plan::{
-    Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, Request, RunPlan, Topology,
-    WINDOW_MS,
+    Algo, Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, Request, RunPlan,
+    Topology, WINDOW_MS,
 };
 use crate::workload::{self, Demand};
 
@@ -78,6 +78,20 @@ pub enum Scenario {
     /// on every link: frames between two nodes may overtake each other, which TCP never
     /// lets them do (it found a hole, closed since: see [`Scenario::MEMBERSHIP`]).
     GrowReordered,
+    /// A classic scenario's world, faults and demand (the one seed / 6 runs) on a
+    /// `fixed_window` rule, with costs drawn from 1–10 and refunds: run with `--set
+    /// algorithms` ([`Scenario::plan_algorithm`]).
+    FixedCosts,
+    /// As [`Scenario::FixedCosts`], on a `token_bucket`.
+    TokenBucket,
+    /// As [`Scenario::FixedCosts`], on a `leaky_bucket`.
+    LeakyBucket,
+    /// As [`Scenario::FixedCosts`], on a `sliding_window`.
+    SlidingWindow,
+    /// As [`Scenario::FixedCosts`], on a `sliding_log`.
+    SlidingLog,
+    /// As [`Scenario::FixedCosts`], on a day's `quota`.
+    QuotaDay,
 }
 
 impl Scenario {
@@ -125,6 +139,17 @@ impl Scenario {
     /// Callers that wait for rights (`max_wait_ms`): run with `--set waiting`.
     pub const WAITING: [Scenario; 1] = [Scenario::BurstsWaiting];
 
+    /// Every algorithm, with costs and refunds, over the classic worlds: run with `--set
+    /// algorithms`.
+    pub const ALGORITHMS: [Scenario; 6] = [
+        Scenario::FixedCosts,
+        Scenario::TokenBucket,
+        Scenario::LeakyBucket,
+        Scenario::SlidingWindow,
+        Scenario::SlidingLog,
+        Scenario::QuotaDay,
+    ];
+
     /// Every scenario of every set.
     pub fn every() -> impl Iterator<Item = Scenario> {
         Scenario::ALL
@@ -132,6 +157,52 @@ impl Scenario {
             .chain(Scenario::DEMAND)
             .chain(Scenario::MEMBERSHIP)
             .chain(Scenario::WAITING)
+            .chain(Scenario::ALGORITHMS)
+    }
+
+    /// The algorithm an algorithms-set scenario enforces.
+    pub fn algo(self) -> Option<Algo> {
+        Some(match self {
+            Scenario::FixedCosts => Algo::FixedWindow,
+            Scenario::TokenBucket => Algo::TokenBucket,
+            Scenario::LeakyBucket => Algo::LeakyBucket,
+            Scenario::SlidingWindow => Algo::SlidingWindow,
+            Scenario::SlidingLog => Algo::SlidingLog,
+            Scenario::QuotaDay => Algo::QuotaDay,
+            _ => return None,
+        })
+    }
+
+    /// An algorithms-set scenario's plan: the classic scenario `seed / 6` cycles to (so that
+    /// every 60 seeds run every algorithm over every classic world), drawn from the same
+    /// seed, with the algorithm, and costs and refunds. The requests of the main keys are
+    /// thinned to 2 in 11 and each given a cost from 1–10 (mean 5.5: the demand in tokens
+    /// stays the classic one); a tenth of them are refunded 1–300 ms after they are admitted.
+    /// The probe key keeps its checks of cost 1. A day's quota is half the tokens the classic
+    /// limit allows over the run.
+    pub fn plan_algorithm(self, algo: Algo, seed: u64) -> RunPlan {
+        let mut plan = Scenario::for_seed(seed / Scenario::ALGORITHMS.len() as u64).plan(seed);
+        let mut rng = SeededRng::stream(seed, "costs");
+        plan.requests.retain_mut(|r| {
+            if Some(r.key) == plan.probe {
+                return true;
+            }
+            if rng.below(11) >= 2 {
+                return false;
+            }
+            r.cost = rng.range(1, 10) as u16;
+            if rng.below(10) == 0 {
+                r.refund_ms = rng.range(1, 300) as u16;
+            }
+            true
+        });
+        if algo == Algo::QuotaDay {
+            plan.limit = plan.limit * plan.duration_ms / WINDOW_MS / 2;
+            plan.window_ms = crate::demand::DAY_MS;
+        }
+        plan.scenario = self;
+        plan.algo = algo;
+        plan
     }
 
     /// The name used on the command line.
@@ -160,6 +231,12 @@ impl Scenario {
             Scenario::Churn => "churn",
             Scenario::Leave => "leave",
             Scenario::BurstsWaiting => "bursts-wait",
+            Scenario::FixedCosts => "fixed-window",
+            Scenario::TokenBucket => "token-bucket",
+            Scenario::LeakyBucket => "leaky-bucket",
+            Scenario::SlidingWindow => "sliding-window",
+            Scenario::SlidingLog => "sliding-log",
+            Scenario::QuotaDay => "quota-day",
         }
     }
 
@@ -193,6 +270,9 @@ impl Scenario {
 
     /// Draws this scenario's world, faults and demand from `seed`.
     pub fn plan(self, seed: u64) -> RunPlan {
+        if let Some(algo) = self.algo() {
+            return self.plan_algorithm(algo, seed);
+        }
         if self.membership() {
             return crate::changes::plan(self, seed);
         }
@@ -251,6 +331,7 @@ impl Scenario {
                 probe: None,
                 requests: d.requests,
                 max_wait_ms: 0,
+                algo: crate::plan::Algo::FixedWindow,
             };
         }
         let limit = match self {
@@ -435,6 +516,7 @@ impl Scenario {
             probe,
             requests,
             max_wait_ms: 0,
+            algo: crate::plan::Algo::FixedWindow,
         }
     }
 }

@@ -61,11 +61,7 @@ pub fn poisson(
     let mean_gap = WINDOW_MS as f64 / per_window;
     let mut t = from as f64 + rng.exp(mean_gap);
     while t < to as f64 {
-        out.push(Request {
-            at: t as u64,
-            region: region as u16,
-            key,
-        });
+        out.push(Request::one(t as u64, region, key));
         t += rng.exp(mean_gap);
     }
 }

@@ -123,10 +123,10 @@ fn a_removed_node_that_keeps_spending_past_the_bound_is_a_violation() {
     };
     let w = |sim: u64| plan.window_of(T0 + sim);
     let late = w(hear_by(&plan, thawed_at)) + 4;
-    let mut ledger = Ledger::new(plan.positions());
+    let mut ledger = Ledger::new(plan.positions(), false);
     for window in [w(thawed_at), late] {
         for _ in 0..plan.limit + 10 {
-            ledger.admit(0, window, 0, 0);
+            ledger.admit(0, (window, 0), 0, 0, 1);
         }
     }
     let kinds = |heard_at| {

@@ -188,9 +188,9 @@ fn the_baselines_behave_as_their_definitions_say() {
 fn the_checks_catch_an_overshoot_planted_in_a_ledger() {
     let plan = Scenario::Steady.plan(1);
     let window = T0 / WINDOW_MS + 3;
-    let mut ledger = Ledger::new(plan.topology.nodes());
+    let mut ledger = Ledger::new(plan.topology.nodes(), false);
     for i in 0..=plan.limit {
-        ledger.admit(0, window, 0, (i % 2) as usize);
+        ledger.admit(0, (window, 3_000), 0, (i % 2) as usize, 1);
     }
     let found = check_levee(
         &plan,

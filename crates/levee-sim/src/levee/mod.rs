@@ -49,7 +49,7 @@ mod states;
 mod waiting;
 mod watch;
 pub use members::{Ghost, ListsFigure};
-pub use states::SimStates;
+pub use states::{SimStates, refund_measured};
 pub use watch::dominates;
 
 /// What a run of Levee produced.
@@ -80,7 +80,8 @@ pub struct LeveeResult {
 /// How long a forwarded check may wait for its owner, as a node has it.
 const FORWARD_TIMEOUT_MAX: u64 = 500;
 
-/// The rule every run enforces.
+/// A `fixed_window` rule of `limit` per `window_ms` (the classic sets' rule; a plan's own is
+/// [`RunPlan::rule`]).
 pub fn rule(limit: u64, window_ms: u64) -> Rule {
     RuleSpec::fixed_window(RULE, limit, window_ms)
         .validate()
@@ -129,7 +130,9 @@ struct Driver<'p> {
     rights: BTreeMap<u64, Vec<Option<NodeRights>>>,
     /// Checks forwarded and not yet answered, by (forwarding node, batch id): the region
     /// they were asked in and the key.
-    forwarded: BTreeMap<(usize, ForwardId), (usize, u32)>,
+    forwarded: BTreeMap<(usize, ForwardId), requests::Ask>,
+    /// Refunds due, by sim ms.
+    refunds: BTreeMap<u64, Vec<requests::Refund>>,
     /// Key names to their index in the plan.
     key_index: HashMap<String, u32>,
     /// Checks waiting for rights (`max_wait_ms`), see `waiting.rs`.
@@ -176,7 +179,7 @@ impl<'p> Driver<'p> {
             net,
             route_rng: SeededRng::stream(plan.seed, "route"),
             phase,
-            ledger: Ledger::new(n),
+            ledger: Ledger::new(n, !plan.algo.per_window()),
             watches: Vec::new(),
             errors: Vec::new(),
             now: 0,
@@ -187,6 +190,7 @@ impl<'p> Driver<'p> {
             refused: 0,
             rights: BTreeMap::new(),
             forwarded: BTreeMap::new(),
+            refunds: BTreeMap::new(),
             key_index: plan
                 .keys
                 .iter()
@@ -202,11 +206,8 @@ impl<'p> Driver<'p> {
             // A node added later is built with the last list, and down until it starts.
             let list = if i < first { 0 } else { plan.lists.len() - 1 };
             let cluster = Cluster::new(d.config(i, list), d.clock_at(offset(i)));
-            let states = SimStates::new(
-                NodeIdx(i as u16),
-                cluster.spending(),
-                rule(plan.limit, plan.window_ms),
-            );
+            let states = SimStates::new(NodeIdx(i as u16), cluster.spending(), plan.rule());
+            d.ledger.set_offset(i, 0, offset(i));
             d.nodes.push(SimNode {
                 synced: cluster.is_synced(),
                 cluster,
@@ -274,9 +275,10 @@ impl<'p> Driver<'p> {
             }
             self.deliver();
             self.serve_waiting();
+            self.serve_refunds();
             while next_request < plan.requests.len() && plan.requests[next_request].at <= now {
                 let r = plan.requests[next_request];
-                self.request(r.region as usize, r.key);
+                self.request(&r);
                 next_request += 1;
             }
             self.watch();

@@ -70,11 +70,8 @@ impl<'p> Driver<'p> {
         self.retire(node);
         self.nodes[node].offset = offset;
         let cluster = Cluster::new(self.config(node, list), self.clock(node));
-        let states = SimStates::new(
-            NodeIdx(node as u16),
-            cluster.spending(),
-            rule(self.plan.limit, self.plan.window_ms),
-        );
+        let states = SimStates::new(NodeIdx(node as u16), cluster.spending(), self.plan.rule());
+        self.ledger.set_offset(node, self.now, offset);
         let n = &mut self.nodes[node];
         n.synced = cluster.is_synced();
         n.cluster = cluster;
@@ -121,8 +118,8 @@ impl<'p> Driver<'p> {
                 }
                 Event::ForwardFailed { id } => {
                     // The owner did not answer in time: decide alone, as a node does.
-                    if let Some((region, key)) = self.forwarded.remove(&(n, id)) {
-                        self.decide(n, region, key, true);
+                    if let Some(ask) = self.forwarded.remove(&(n, id)) {
+                        self.decide(n, ask, true);
                     }
                 }
                 _ => {}

@@ -1,10 +1,36 @@
 //! A request arriving at a node: routed as a node routes it, decided there or forwarded to
-//! its owner, and recorded in the ledger.
+//! its owner, and recorded in the ledger; and the refunds of admitted requests.
 
 use super::*;
 
+/// A check as its caller asked it: where, for which key, what it costs, and whether (and
+/// when) its tokens are given back.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ask {
+    pub(super) region: usize,
+    pub(super) key: u32,
+    pub(super) cost: u64,
+    /// Sim ms after its admission at which the caller refunds it; 0: never.
+    pub(super) refund_ms: u64,
+}
+
+/// A refund due: an admitted check's tokens given back where it was decided.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refund {
+    node: usize,
+    incarnation: u32,
+    ask: Ask,
+}
+
 impl<'p> Driver<'p> {
-    pub(super) fn request(&mut self, region: usize, key: u32) {
+    pub(super) fn request(&mut self, r: &crate::plan::Request) {
+        let ask = Ask {
+            region: r.region as usize,
+            key: r.key,
+            cost: u64::from(r.cost),
+            refund_ms: u64::from(r.refund_ms),
+        };
+        let (region, key) = (ask.region, ask.key);
         let name = &self.plan.keys[key as usize];
         let live: Vec<usize> = self.members[region]
             .iter()
@@ -18,69 +44,123 @@ impl<'p> Driver<'p> {
         if live.is_empty() {
             // Nobody to ask: the request fails.
             let window = self.plan.window_of(T0 + self.now);
-            self.ledger.demand(key, window, region);
+            self.ledger.demand(key, window, region, ask.cost);
             return;
         }
         let entry = live[self.route_rng.index(live.len())];
         let t = self.clock(entry);
-        self.ledger.demand(key, self.plan.window_of(t), region);
+        self.ledger
+            .demand(key, self.plan.window_of(t), region, ask.cost);
         match self.nodes[entry].cluster.route(name.as_bytes()) {
-            Route::Local => self.decide(entry, region, key, false),
-            Route::Alone => self.decide(entry, region, key, true),
+            Route::Local => self.decide(entry, ask, false),
+            Route::Alone => self.decide(entry, ask, true),
             Route::Owner(owner) => {
                 let check = ForwardCheck {
                     rule: RULE.to_owned(),
                     key: name.clone(),
-                    cost: 1,
+                    cost: ask.cost,
                     class: None,
                     dry_run: false,
                     idempotency_key: None,
                     refund: false,
                 };
                 let id = self.nodes[entry].cluster.forward(owner, vec![check], t);
-                self.forwarded.insert((entry, id), (region, key));
+                self.forwarded.insert((entry, id), ask);
                 self.flush(entry);
                 None
             }
         };
     }
 
-    /// Decides one check of `key`, asked in `region`, at `node`; `acting_alone` when the
-    /// key's owner could not decide it.
-    pub(super) fn decide(
-        &mut self,
-        node: usize,
-        region: usize,
-        key: u32,
-        acting_alone: bool,
-    ) -> Option<Decision> {
-        let name = &self.plan.keys[key as usize];
+    /// Decides one check, asked as `ask`, at `node`; `acting_alone` when the key's owner
+    /// could not decide it.
+    pub(super) fn decide(&mut self, node: usize, ask: Ask, acting_alone: bool) -> Option<Decision> {
+        let name = &self.plan.keys[ask.key as usize];
         let mut view = self.nodes[node].cluster.view();
         view.acting_alone = acting_alone;
         let t = self.clock(node);
         let window = self.plan.window_of(t);
         let Some(decision) = self.nodes[node]
             .states
-            .decide(RULE, name, 1, t, view, false)
+            .decide(RULE, name, ask.cost, t, view, false)
         else {
             self.errors
                 .push(format!("node {node}: no decision for key {name}"));
             return None;
         };
-        if !decision.allowed && !view.recovering {
+        if !decision.allowed && !view.recovering && self.plan.algo.per_window() {
             let limit = self.plan.limit;
-            let book = self.ledger.book(key, window);
-            if book.admitted_total() < limit {
+            let book = self.ledger.book(ask.key, window);
+            // Refunds not yet gossiped may still count in a node's view: room is what the
+            // admissions left before any refund.
+            if book.admitted_total() + book.refunded + ask.cost <= limit {
                 book.retry_with_room.0 += 1;
                 book.retry_with_room.1 = book.retry_with_room.1.max(decision.retry_after_ms);
             }
         }
         if decision.allowed {
-            self.ledger.admit(key, window, region, node);
+            self.admitted(node, ask, t);
         } else {
-            self.wait_for_rights(node, region, key, view);
+            self.wait_for_rights(node, ask, view);
         }
         Some(decision)
+    }
+
+    /// Records an admission of `ask` at `node` (its clock reading `t`), and schedules its
+    /// refund if the caller gives it back.
+    pub(super) fn admitted(&mut self, node: usize, ask: Ask, t: u64) {
+        let window = self.plan.window_of(t);
+        self.ledger
+            .admit(ask.key, (window, self.now), ask.region, node, ask.cost);
+        if ask.refund_ms > 0 {
+            self.refunds
+                .entry(self.now + ask.refund_ms)
+                .or_default()
+                .push(Refund {
+                    node,
+                    incarnation: self.nodes[node].incarnation,
+                    ask,
+                });
+        }
+    }
+
+    /// Gives back the tokens of the refunds due now, at the node that admitted them (if it
+    /// still runs the same process), and records what the core really gave back. The
+    /// refund reaches that node at once: a node sends it to where the check was decided
+    /// (`refund: true`), which here is not delayed by the network.
+    pub(super) fn serve_refunds(&mut self) {
+        let Some(due) = self.refunds.remove(&self.now) else {
+            return;
+        };
+        for r in due {
+            let node = &self.nodes[r.node];
+            if !node.up || node.frozen || node.incarnation != r.incarnation {
+                continue;
+            }
+            let t = self.clock(r.node);
+            let view = node.cluster.view();
+            let name = &self.plan.keys[r.ask.key as usize];
+            let Some(back) = self.nodes[r.node]
+                .states
+                .refund(RULE, name, r.ask.cost, t, view)
+            else {
+                self.errors
+                    .push(format!("node {}: no refund for key {name}", r.node));
+                continue;
+            };
+            let offset = self.nodes[r.node].offset;
+            for (epoch, tokens) in back {
+                let (window, sim) = if self.plan.algo == crate::plan::Algo::SlidingLog {
+                    // A log gives back the admission it was: it counts at that millisecond.
+                    let sim = (epoch as i64 - T0 as i64 - offset).max(0) as u64;
+                    (self.plan.window_of(epoch), sim)
+                } else {
+                    (epoch, self.now)
+                };
+                self.ledger
+                    .refund(r.ask.key, (window, sim), r.ask.region, r.node, tokens);
+            }
+        }
     }
 
     /// Node `n`, as a key's owner, decides the checks a region-mate forwarded, and answers.
@@ -94,8 +174,22 @@ impl<'p> Driver<'p> {
         let region = self.region_of[n];
         let mut decisions = Vec::with_capacity(checks.len());
         for c in checks {
+            // The caller's own ask (its region and refund), kept with the forwarder's batch.
+            let ask = self
+                .forwarded
+                .get(&(usize::from(from.0), id))
+                .copied()
+                .filter(|_| checks.len() == 1);
             let decision = match self.key_index.get(c.key.as_str()) {
-                Some(&key) => self.decide(n, region, key, false),
+                Some(&key) => {
+                    let ask = ask.unwrap_or(Ask {
+                        region,
+                        key,
+                        cost: c.cost,
+                        refund_ms: 0,
+                    });
+                    self.decide(n, ask, false)
+                }
                 None => None,
             };
             decisions.push(decision.map(|d| ForwardDecision {

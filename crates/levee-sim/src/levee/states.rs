@@ -181,6 +181,42 @@ impl SimStates {
         Some(d)
     }
 
+    /// Gives back `cost` tokens of `rule` for `key` at `now`, as a node does for a check
+    /// with `refund: true`, and says what the core really gave back: by epoch (a sliding
+    /// log's: by the millisecond of the admission), in tokens. A token bucket's is what its
+    /// own level rose by, in whole tokens as `remaining` shows them (the cost, unless the
+    /// sub-bucket was full). `None` if the rule is unknown.
+    pub fn refund(
+        &mut self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Millis,
+        view: ClusterView,
+    ) -> Option<Vec<(u64, u64)>> {
+        if rule != self.base.name {
+            return None;
+        }
+        let bound = match &self.later {
+            Some((at, r)) if now >= *at => r,
+            _ => &self.rule,
+        };
+        let target = bound.target(None, cost).ok()?;
+        let mut id = Vec::new();
+        encode_id(&mut id, &bound.name, target.bucket, key);
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view,
+        };
+        let state = self.keys.entry(id.clone()).or_default();
+        let back = refund_measured(state, &target, cost, &ctx);
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
+        Some(back)
+    }
+
     /// A key's replicated state, if held.
     pub fn state(&self, rule: &str, key: &str) -> Option<&KeyCrdt> {
         let mut id = Vec::new();
@@ -203,6 +239,43 @@ impl SimStates {
             .map(|s| key_fingerprint(id, s.crdt(), retained));
         self.fingerprints.set(id, fp);
     }
+}
+
+/// Gives back `cost` tokens of a key at `ctx`, and says what the core really gave back: by
+/// epoch (a sliding log's: by the millisecond of the admission), in tokens. A token bucket's
+/// is what the node's own level rose by, in whole tokens as `remaining` shows them: the
+/// cost, unless the sub-bucket was full (then at most one token more than the true rise).
+pub fn refund_measured(
+    state: &mut KeyState,
+    target: &Target<'_>,
+    cost: u64,
+    ctx: &DecideCtx<'_>,
+) -> Vec<(u64, u64)> {
+    let me = ctx.me;
+    let refunded = |s: &KeyState| -> BTreeMap<u64, u64> {
+        s.crdt()
+            .slots
+            .iter()
+            .filter_map(|slot| Some((slot.epoch, slot.tallies.get(me)?.refunded)))
+            .collect()
+    };
+    if let levee_core::Algorithm::TokenBucket { .. } = target.algorithm {
+        let level_before = state
+            .decide(target, RuleMode::Enforce, 0, true, ctx)
+            .remaining;
+        let after = state.refund(target, cost, ctx);
+        let rose = after.remaining.saturating_sub(level_before).min(cost);
+        return vec![(target.algorithm.epoch(ctx.now), rose)];
+    }
+    let before = refunded(state);
+    state.refund(target, cost, ctx);
+    refunded(state)
+        .into_iter()
+        .filter_map(|(e, r)| {
+            let gave = r.saturating_sub(before.get(&e).copied().unwrap_or(0));
+            (gave > 0).then_some((e, gave))
+        })
+        .collect()
 }
 
 impl KeyStates for SimStates {

@@ -12,8 +12,7 @@ use levee_core::ClusterView;
 pub(super) struct Waiter {
     node: usize,
     incarnation: u32,
-    region: usize,
-    key: u32,
+    ask: super::requests::Ask,
     acting_alone: bool,
     /// Sim time at which the caller stops waiting.
     until: u64,
@@ -25,8 +24,7 @@ impl<'p> Driver<'p> {
     pub(super) fn wait_for_rights(
         &mut self,
         node: usize,
-        region: usize,
-        key: u32,
+        ask: super::requests::Ask,
         view: ClusterView,
     ) {
         if self.plan.max_wait_ms == 0 || view.degraded() {
@@ -34,19 +32,18 @@ impl<'p> Driver<'p> {
             return;
         }
         let t = self.clock(node);
-        let name = &self.plan.keys[key as usize];
+        let name = &self.plan.keys[ask.key as usize];
         let room = self.nodes[node]
             .states
-            .decide(RULE, name, 1, t, view, true)
-            .is_some_and(|p| p.remaining > 0);
+            .decide(RULE, name, ask.cost, t, view, true)
+            .is_some_and(|p| p.remaining >= ask.cost);
         if !room {
             return;
         }
         self.waiting.push(Waiter {
             node,
             incarnation: self.nodes[node].incarnation,
-            region,
-            key,
+            ask,
             acting_alone: view.acting_alone,
             until: self.now + self.plan.max_wait_ms,
         });
@@ -73,21 +70,21 @@ impl<'p> Driver<'p> {
             let t = self.clock(w.node);
             let mut view = node.cluster.view();
             view.acting_alone = w.acting_alone;
-            let name = &self.plan.keys[w.key as usize];
+            let name = &self.plan.keys[w.ask.key as usize];
+            let cost = w.ask.cost;
             let probe = self.nodes[w.node]
                 .states
-                .decide(RULE, name, 1, t, view, true);
+                .decide(RULE, name, cost, t, view, true);
             match probe {
                 Some(p) if p.allowed => {
                     let d = self.nodes[w.node]
                         .states
-                        .decide(RULE, name, 1, t, view, false);
+                        .decide(RULE, name, cost, t, view, false);
                     if d.is_some_and(|d| d.allowed) {
-                        self.ledger
-                            .admit(w.key, self.plan.window_of(t), w.region, w.node);
+                        self.admitted(w.node, w.ask, t);
                     }
                 }
-                Some(p) if p.remaining > 0 && !p.degraded && self.now < w.until => {
+                Some(p) if p.remaining >= cost && !p.degraded && self.now < w.until => {
                     self.waiting.push(w)
                 }
                 _ => {}
