@@ -12,6 +12,11 @@
 //! Clocks are offset from simulated time by a constant between restarts, so intervals have
 //! the same length on every clock. A refund of a sliding log counts at the admission it
 //! gives back; the others' count when they are made.
+//!
+//! As for windows, tokens a crashed node admitted and no live node knew when it pulled again
+//! are lost with the crash, which the design allows ("no counted usage is lost beyond the
+//! last gossip interval"): an interval may exceed its bound by the tokens lost in crashes
+//! from one window before it to its end ([`Ledger::forgotten`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,10 +35,18 @@ pub fn check_continuous(plan: &RunPlan, ledger: &Ledger) -> Vec<String> {
         // (the central counter records an admission when its answer arrives).
         moves.sort_by_key(|m| m.sim);
         let name = &plan.keys[key as usize];
+        let lost = |a: u64, b: u64| -> u64 {
+            ledger
+                .forgotten
+                .iter()
+                .filter(|&&(k, c, _)| k == key && c + plan.window_ms >= a && c <= b)
+                .map(|&(_, _, t)| t)
+                .sum()
+        };
         let breach = match plan.algo {
-            Algo::TokenBucket | Algo::LeakyBucket => bucket(plan, &moves),
-            Algo::SlidingLog => log(plan, &moves),
-            Algo::SlidingWindow => sliding(plan, ledger, &moves),
+            Algo::TokenBucket | Algo::LeakyBucket => bucket(plan, &moves, &lost),
+            Algo::SlidingLog => log(plan, &moves, &lost),
+            Algo::SlidingWindow => sliding(plan, ledger, &moves, &lost),
             Algo::FixedWindow | Algo::QuotaDay => None,
         };
         if let Some(b) = breach {
@@ -54,7 +67,7 @@ fn per_ms(moves: &[Movement]) -> BTreeMap<u64, i64> {
 
 /// A bucket of `limit` refilled at `limit` per `window_ms`: the interval `[a, b]` with the
 /// most admitted beyond `limit + limit × (b − a) / window_ms`, if any is beyond.
-fn bucket(plan: &RunPlan, moves: &[Movement]) -> Option<String> {
+fn bucket(plan: &RunPlan, moves: &[Movement], lost: &dyn Fn(u64, u64) -> u64) -> Option<String> {
     let (cap, rate, per) = (
         i128::from(plan.limit),
         i128::from(plan.limit),
@@ -74,7 +87,10 @@ fn bucket(plan: &RunPlan, moves: &[Movement]) -> Option<String> {
         before += i128::from(tokens);
         let (v, a) = low.expect("set above");
         let excess = before * per - rate * ti - v - cap * per;
-        if excess > 0 && worst.is_none_or(|(w, _, _)| excess > w) {
+        if excess > 0
+            && excess > i128::from(lost(a, t)) * per
+            && worst.is_none_or(|(w, _, _)| excess > w)
+        {
             worst = Some((excess, a, t));
         }
     }
@@ -92,7 +108,7 @@ fn bucket(plan: &RunPlan, moves: &[Movement]) -> Option<String> {
 /// A sliding log of `limit` per `window_ms`: the most admitted in `window_ms` consecutive
 /// milliseconds, if above the limit. (A refund counts at the admission it gives back, so
 /// every millisecond's net is at least zero and the worst window ends at an admission.)
-fn log(plan: &RunPlan, moves: &[Movement]) -> Option<String> {
+fn log(plan: &RunPlan, moves: &[Movement], lost: &dyn Fn(u64, u64) -> u64) -> Option<String> {
     let net: Vec<(u64, i64)> = per_ms(moves).into_iter().collect();
     let w = plan.window_ms;
     let limit = plan.limit as i64;
@@ -104,7 +120,7 @@ fn log(plan: &RunPlan, moves: &[Movement]) -> Option<String> {
             sum -= net[from].1;
             from += 1;
         }
-        if sum > limit && worst.is_none_or(|(s, _, _)| sum > s) {
+        if sum > limit + lost(net[from].0, t) as i64 && worst.is_none_or(|(s, _, _)| sum > s) {
             worst = Some((sum, net[from].0, t));
         }
     }
@@ -115,7 +131,12 @@ fn log(plan: &RunPlan, moves: &[Movement]) -> Option<String> {
 
 /// A sliding window of `limit` per `window_ms`: the largest weighted usage summed over the
 /// endpoints at an admission, if above the limit.
-fn sliding(plan: &RunPlan, ledger: &Ledger, moves: &[Movement]) -> Option<String> {
+fn sliding(
+    plan: &RunPlan,
+    ledger: &Ledger,
+    moves: &[Movement],
+    lost: &dyn Fn(u64, u64) -> u64,
+) -> Option<String> {
     let w = u128::from(plan.window_ms);
     let limit = u128::from(plan.limit);
     // By endpoint: net tokens by epoch of its clock.
@@ -139,7 +160,8 @@ fn sliding(plan: &RunPlan, ledger: &Ledger, moves: &[Movement]) -> Option<String
             let at = |e: u64| epochs.get(&e).copied().unwrap_or(0).max(0) as u128;
             scaled += at(e) * w + at(e.wrapping_sub(1)) * (w - el);
         }
-        if scaled > limit * w && worst.is_none_or(|(s, _)| scaled > s) {
+        let excused = u128::from(lost(m.sim.saturating_sub(2 * plan.window_ms), m.sim));
+        if scaled > (limit + excused) * w && worst.is_none_or(|(s, _)| scaled > s) {
             worst = Some((scaled, m.sim));
         }
     }
@@ -245,6 +267,17 @@ mod tests {
             (1, 5_000 + w - 1, limit - limit / 2 + 1),
         ];
         assert_eq!(check_continuous(&plan, &ledger_of(&plan, &over)).len(), 1);
+        // A token a crash lost in the window excuses one more, not two.
+        let mut crashed = ledger_of(&plan, &over);
+        crashed.forgotten.push((0, 5_010, 1));
+        assert!(check_continuous(&plan, &crashed).is_empty());
+        let two = [
+            (0, 5_000, limit / 2),
+            (1, 5_000 + w - 1, limit - limit / 2 + 2),
+        ];
+        let mut crashed = ledger_of(&plan, &two);
+        crashed.forgotten.push((0, 5_010, 1));
+        assert_eq!(check_continuous(&plan, &crashed).len(), 1);
     }
 
     #[test]

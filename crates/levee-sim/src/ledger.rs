@@ -74,6 +74,10 @@ pub struct Ledger {
     /// Every endpoint's clock offset from simulated time (Unix ms = `T0` + sim + offset), and
     /// from when (sim ms): it changes when a node restarts.
     pub offsets: Vec<Vec<(u64, i64)>>,
+    /// Rules that hold rights continuously: tokens crashed nodes admitted and no live node
+    /// knew when they pulled again (lost with the crash, as the design allows), by key, with
+    /// the crash's simulated time.
+    pub forgotten: Vec<(u32, u64, u64)>,
     /// Tokens each deciding endpoint (node, or region for the baselines) admitted, by (key,
     /// window): the true tallies, which a crash does not erase.
     truth: HashMap<(u32, u64), Vec<u64>>,
@@ -89,6 +93,7 @@ impl Ledger {
             windows: BTreeMap::new(),
             movements: Vec::new(),
             offsets: vec![vec![(0, 0)]; endpoints],
+            forgotten: Vec::new(),
             truth: HashMap::new(),
             endpoints,
             timeline,

@@ -106,6 +106,8 @@ fn main() -> ExitCode {
         quiet_panics();
         let t = table::run_table(cli.table_seeds, threads);
         println!("{}", t.render());
+        let rows = table::run_algorithm_rows(cli.table_seeds, threads);
+        println!("{}", rows.render());
         eprintln!("table: {:.1} s", started.elapsed().as_secs_f64());
         return ExitCode::SUCCESS;
     }

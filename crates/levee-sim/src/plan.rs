@@ -305,6 +305,16 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// Every algorithm, in the order reports list them.
+    pub const ALL: [Algo; 6] = [
+        Algo::FixedWindow,
+        Algo::TokenBucket,
+        Algo::LeakyBucket,
+        Algo::SlidingWindow,
+        Algo::SlidingLog,
+        Algo::QuotaDay,
+    ];
+
     /// Its name in a configuration.
     pub fn name(self) -> &'static str {
         match self {
@@ -392,6 +402,17 @@ impl RunPlan {
             }
         };
         spec.validate().expect("the simulator's rules are valid")
+    }
+
+    /// Makes the plan enforce `algo`: the same limit per window, but a day's quota, which
+    /// is half the tokens the limit allows over the run, per UTC day (so that demand at the
+    /// limit uses it up half way).
+    pub fn set_algo(&mut self, algo: Algo) {
+        if algo == Algo::QuotaDay {
+            self.limit = self.limit * self.duration_ms / self.window_ms / 2;
+            self.window_ms = crate::demand::DAY_MS;
+        }
+        self.algo = algo;
     }
 
     /// Whether every request costs 1 and none is refunded (every set but the algorithms

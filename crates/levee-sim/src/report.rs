@@ -94,6 +94,13 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                 n.sent, n.delivered, n.lost, n.cut, n.duplicated
             );
         }
+        for &(k, at, tokens) in &run.ledger.forgotten {
+            let _ = writeln!(
+                s,
+                "key {}: {tokens} tokens admitted by a node that crashed at {at} ms were lost with it",
+                plan.keys[k as usize]
+            );
+        }
         for &k in &keys {
             let _ = writeln!(
                 s,

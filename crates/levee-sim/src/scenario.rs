@@ -196,12 +196,8 @@ impl Scenario {
             }
             true
         });
-        if algo == Algo::QuotaDay {
-            plan.limit = plan.limit * plan.duration_ms / WINDOW_MS / 2;
-            plan.window_ms = crate::demand::DAY_MS;
-        }
         plan.scenario = self;
-        plan.algo = algo;
+        plan.set_algo(algo);
         plan
     }
 

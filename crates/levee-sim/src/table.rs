@@ -23,7 +23,8 @@ use crate::checks::{Policy, ViolationKind};
 use crate::lists::NodeList;
 use crate::outcome::{RunOutcome, overshoot, run_plan, utilisation};
 use crate::plan::{
-    Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, RunPlan, Topology, WINDOW_MS,
+    Algo, Episode, EpisodeKind, Fault, FaultKind, NetParams, ProtocolParams, RunPlan, Topology,
+    WINDOW_MS,
 };
 use crate::runner::parallel_map;
 use crate::scenario::{Scenario, add_probe};
@@ -44,6 +45,9 @@ pub enum Case {
     Skewed,
     /// One region cut off, then healed.
     Partition,
+    /// Half the limit, with five bursts of 0.5–2 × the limit in 100–400 ms at one region
+    /// (the algorithm rows).
+    Bursts,
 }
 
 /// A plan of the figure.
@@ -75,6 +79,13 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
             Scenario::Skewed,
         ),
         Case::Partition => (Demand::Uniform { factor: 2.0 }, Scenario::RegionIsolated),
+        Case::Bursts => (
+            Demand::Bursts {
+                base: 0.5,
+                bursts: 5,
+            },
+            Scenario::Bursts,
+        ),
     };
     let mut demand_rng = SeededRng::stream(seed, "demand");
     let (mut keys, mut requests) =
@@ -225,6 +236,7 @@ pub fn run_table(seeds: u64, threads: usize) -> AccuracyTable {
                             cell.utilisation_min = cell.utilisation_min.min(min_w);
                         }
                     }
+                    Case::Bursts => {}
                     Case::Partition => {
                         for x in overshoot(plan, run) {
                             cell.partition_max = cell.partition_max.max(x);
@@ -259,6 +271,7 @@ impl Case {
             Case::Overload => "overload",
             Case::Skewed => "skewed",
             Case::Partition => "partition",
+            Case::Bursts => "bursts",
         }
     }
 }
@@ -319,6 +332,199 @@ impl AccuracyTable {
                     list.len(),
                     list[0]
                 );
+            }
+        }
+        s
+    }
+}
+
+/// The round trip between regions of the algorithm rows, ms.
+pub const ALGO_RTT: u64 = 100;
+
+/// The plan of an algorithm row: the figure's plan at [`ALGO_RTT`] enforcing `algo`; with
+/// `wait`, callers wait for rights one round trip and two gossip intervals.
+pub fn algorithm_plan(case: Case, algo: Algo, wait: bool, seed: u64) -> RunPlan {
+    let mut plan = table_plan(case, ALGO_RTT, seed);
+    plan.set_algo(algo);
+    if wait {
+        plan.max_wait_ms = ALGO_RTT + 2 * plan.protocol.gossip_interval;
+    }
+    plan
+}
+
+/// One algorithm and policy of the algorithm rows: utilisation against the central counter
+/// (the mean over runs of the ratio of totals, from the third window).
+#[derive(Debug, Clone, Default)]
+pub struct AlgoCell {
+    /// Even demand at ten times the limit.
+    pub overload: f64,
+    /// 90/5/5 at twice the limit: mean, and the lowest single window.
+    pub skewed: (f64, f64),
+    /// Bursts, every check answered at once.
+    pub bursts: f64,
+    /// Bursts, callers waiting for rights (Levee only).
+    pub bursts_waiting: Option<f64>,
+    /// Violations of Levee's properties in the row's runs (the algorithm's own included).
+    pub violations: usize,
+}
+
+/// The algorithm rows of the figure, by algorithm then policy (Levee, the static split,
+/// the central counter).
+#[derive(Debug, Clone, Default)]
+pub struct AlgoRows {
+    /// Seeds per cell.
+    pub seeds: u64,
+    /// By algorithm, then policy.
+    pub rows: Vec<(Algo, Vec<(Policy, AlgoCell)>)>,
+    /// Violations found, with their replay commands.
+    pub violations: Vec<String>,
+}
+
+/// The policies of the algorithm rows (the shared counter models cost-1 fixed windows only).
+const ALGO_POLICIES: [Policy; 3] = [Policy::Strict, Policy::StaticSplit, Policy::Central];
+
+/// Runs every plan of the algorithm rows on `threads` threads.
+pub fn run_algorithm_rows(seeds: u64, threads: usize) -> AlgoRows {
+    let cases = [
+        (Case::Overload, false),
+        (Case::Skewed, false),
+        (Case::Bursts, false),
+        (Case::Bursts, true),
+    ];
+    let jobs: Vec<(Algo, Case, bool, u64)> = Algo::ALL
+        .into_iter()
+        .flat_map(|a| {
+            cases
+                .into_iter()
+                .flat_map(move |(c, w)| (0..seeds).map(move |s| (a, c, w, s)))
+        })
+        .collect();
+    let results = parallel_map(&jobs, threads, |&(algo, case, wait, seed)| {
+        let plan = algorithm_plan(case, algo, wait, seed);
+        let policies: &[Policy] = if wait {
+            &[Policy::Strict, Policy::Central]
+        } else {
+            &ALGO_POLICIES
+        };
+        let outcome = run_plan(&plan, policies);
+        let utils: Vec<(Policy, Option<(f64, f64)>)> = ALGO_POLICIES
+            .into_iter()
+            .map(|p| {
+                let u = match (outcome.run(p), outcome.run(Policy::Central)) {
+                    (Some(r), Some(c)) => utilisation(&plan, r, c),
+                    _ => None,
+                };
+                (p, u)
+            })
+            .collect();
+        let violations: Vec<String> = outcome
+            .violations
+            .iter()
+            .map(|v| {
+                format!(
+                    "{v} — {} {} (wait: {wait}) seed {seed}",
+                    algo.name(),
+                    case.name()
+                )
+            })
+            .collect();
+        (algo, case, wait, utils, violations)
+    });
+    let mut out = AlgoRows {
+        seeds,
+        ..AlgoRows::default()
+    };
+    for algo in Algo::ALL {
+        let mut row = Vec::new();
+        for policy in ALGO_POLICIES {
+            let mut cell = AlgoCell {
+                skewed: (0.0, f64::INFINITY),
+                ..AlgoCell::default()
+            };
+            let mut sums: BTreeMap<(u8, bool), (f64, usize)> = BTreeMap::new();
+            for (a, case, wait, utils, violations) in &results {
+                if *a != algo {
+                    continue;
+                }
+                if policy == Policy::Strict {
+                    cell.violations += violations.len();
+                }
+                let Some((_, Some((u, min_w)))) = utils.iter().find(|(p, _)| *p == policy) else {
+                    continue;
+                };
+                let e = sums.entry((*case as u8, *wait)).or_default();
+                e.0 += u;
+                e.1 += 1;
+                if *case == Case::Skewed {
+                    cell.skewed.1 = cell.skewed.1.min(*min_w);
+                }
+            }
+            let mean =
+                |c: Case, w: bool| sums.get(&(c as u8, w)).map(|&(s, n)| s / n.max(1) as f64);
+            cell.overload = mean(Case::Overload, false).unwrap_or(0.0);
+            cell.skewed.0 = mean(Case::Skewed, false).unwrap_or(0.0);
+            cell.bursts = mean(Case::Bursts, false).unwrap_or(0.0);
+            cell.bursts_waiting =
+                mean(Case::Bursts, true).filter(|_| policy != Policy::StaticSplit);
+            row.push((policy, cell));
+        }
+        out.rows.push((algo, row));
+    }
+    out.violations = results.into_iter().flat_map(|(_, _, _, _, v)| v).collect();
+    out
+}
+
+impl AlgoRows {
+    /// The rows as a markdown table.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "| algorithm | policy | 10× overload: vs central | 90/5/5 at 2×: vs central, mean (lowest window) | bursts: vs central, answered at once | bursts: callers wait RTT + 2 intervals | violations |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        for (algo, cells) in &self.rows {
+            for (policy, c) in cells {
+                let waiting = c
+                    .bursts_waiting
+                    .map_or("—".to_owned(), |w| format!("{w:.3}"));
+                let violations = if *policy == Policy::Strict {
+                    c.violations.to_string()
+                } else {
+                    "—".to_owned()
+                };
+                let low = if c.skewed.1.is_finite() {
+                    c.skewed.1
+                } else {
+                    0.0
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.3} | {:.3} ({:.3}) | {:.3} | {waiting} | {violations} |",
+                    algo.name(),
+                    policy.name(),
+                    c.overload,
+                    c.skewed.0,
+                    low,
+                    c.bursts,
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\n{} seeds per cell; RTT {ALGO_RTT} ms; limit {LIMIT} per {WINDOW_MS} ms (a token bucket refills {LIMIT} per {WINDOW_MS} ms into a bucket of {LIMIT}; a day's quota is half of what {LIMIT} per second allows over the run); checks of cost 1; 3 regions × 2 nodes.",
+            self.seeds
+        );
+        if self.violations.is_empty() {
+            let _ = writeln!(s, "\nNo property of Levee's was violated in these runs.");
+        } else {
+            let _ = writeln!(
+                s,
+                "\nProperty violations in these runs ({}):",
+                self.violations.len()
+            );
+            for v in self.violations.iter().take(10) {
+                let _ = writeln!(s, "- {v}");
             }
         }
         s

@@ -105,6 +105,8 @@ struct SimNode {
     /// Own entries at the last crash, by (key, window): (consumed, given), kept until the
     /// node has pulled again.
     crash_memory: BTreeMap<(u32, u64), (u64, u64)>,
+    /// When it last crashed (sim ms).
+    crashed_at: u64,
 }
 
 struct Driver<'p> {
@@ -219,6 +221,7 @@ impl<'p> Driver<'p> {
                 file: list,
                 incarnation: 0,
                 crash_memory: BTreeMap::new(),
+                crashed_at: 0,
             });
         }
         for i in 0..first {

@@ -31,6 +31,7 @@ impl<'p> Driver<'p> {
                 self.forwarded.retain(|&(entry, _), _| entry != node);
                 let n = &mut self.nodes[node];
                 n.crash_memory = memory;
+                n.crashed_at = self.now;
                 n.states.clear();
                 n.up = false;
                 n.frozen = false;
@@ -203,7 +204,12 @@ impl<'p> Driver<'p> {
         // Only windows the node can still admit in matter: earlier ones are over (and their
         // slots have left the peers' retention, so comparing them would count as lost what
         // is merely old).
-        let current = self.plan.window_of(self.clock(n));
+        let current = if self.plan.algo == crate::plan::Algo::SlidingLog {
+            // A log's slots are milliseconds: those still in the window.
+            (self.clock(n) + 1).saturating_sub(self.plan.window_ms)
+        } else {
+            self.plan.window_of(self.clock(n))
+        };
         let mut found = Vec::new();
         for ((k, epoch), (consumed, given)) in
             memory.into_iter().filter(|((_, e), _)| *e >= current)
@@ -219,6 +225,17 @@ impl<'p> Driver<'p> {
                 + given.saturating_sub(own_g.max(peer_g));
             let unrecovered = peer_c.saturating_sub(own_c) + peer_g.saturating_sub(own_g);
             found.push((k, epoch, lost, unrecovered));
+        }
+        if !self.plan.algo.per_window() {
+            // Rights held continuously: what was lost counts against the timeline around the
+            // crash (`crate::algos`), whatever slot it was in.
+            let at = self.nodes[n].crashed_at;
+            for (k, _, lost, _) in found {
+                if lost > 0 {
+                    self.ledger.forgotten.push((k, at, lost));
+                }
+            }
+            return;
         }
         for (k, epoch, lost, unrecovered) in found {
             let book = self.ledger.book(k, epoch);
