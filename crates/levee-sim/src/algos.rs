@@ -31,10 +31,13 @@ pub fn check_continuous(plan: &RunPlan, ledger: &Ledger) -> Vec<String> {
     }
     let mut out = Vec::new();
     for (key, mut moves) in by_key {
+        let (bound, name) = plan.bound_of(key);
+        if bound.algo.per_window() {
+            continue;
+        }
         // In time order; what happened in one millisecond in the order it was recorded
         // (the central counter records an admission when its answer arrives).
         moves.sort_by_key(|m| m.sim);
-        let name = &plan.keys[key as usize];
         let lost = |a: u64, b: u64| -> u64 {
             ledger
                 .forgotten
@@ -43,10 +46,11 @@ pub fn check_continuous(plan: &RunPlan, ledger: &Ledger) -> Vec<String> {
                 .map(|&(_, _, t)| t)
                 .sum()
         };
-        let breach = match plan.algo {
-            Algo::TokenBucket | Algo::LeakyBucket => bucket(plan, &moves, &lost),
-            Algo::SlidingLog => log(plan, &moves, &lost),
-            Algo::SlidingWindow => sliding(plan, ledger, &moves, &lost),
+        let b = (bound.limit, plan.window_ms);
+        let breach = match bound.algo {
+            Algo::TokenBucket | Algo::LeakyBucket => bucket(b, &moves, &lost),
+            Algo::SlidingLog => log(b, &moves, &lost),
+            Algo::SlidingWindow => sliding(b, ledger, &moves, &lost),
             Algo::FixedWindow | Algo::QuotaDay => None,
         };
         if let Some(b) = breach {
@@ -67,12 +71,12 @@ fn per_ms(moves: &[Movement]) -> BTreeMap<u64, i64> {
 
 /// A bucket of `limit` refilled at `limit` per `window_ms`: the interval `[a, b]` with the
 /// most admitted beyond `limit + limit × (b − a) / window_ms`, if any is beyond.
-fn bucket(plan: &RunPlan, moves: &[Movement], lost: &dyn Fn(u64, u64) -> u64) -> Option<String> {
-    let (cap, rate, per) = (
-        i128::from(plan.limit),
-        i128::from(plan.limit),
-        i128::from(plan.window_ms),
-    );
+fn bucket(
+    (limit, window_ms): (u64, u64),
+    moves: &[Movement],
+    lost: &dyn Fn(u64, u64) -> u64,
+) -> Option<String> {
+    let (cap, rate, per) = (i128::from(limit), i128::from(limit), i128::from(window_ms));
     // With P(t) the tokens admitted up to t: (P(b) − P(a−1)) × per ≤ cap × per + rate × (b − a)
     // for every a ≤ b. The best a for a given b is an event time (P is constant between).
     let mut before = 0i128; // P(t − 1)
@@ -108,10 +112,13 @@ fn bucket(plan: &RunPlan, moves: &[Movement], lost: &dyn Fn(u64, u64) -> u64) ->
 /// A sliding log of `limit` per `window_ms`: the most admitted in `window_ms` consecutive
 /// milliseconds, if above the limit. (A refund counts at the admission it gives back, so
 /// every millisecond's net is at least zero and the worst window ends at an admission.)
-fn log(plan: &RunPlan, moves: &[Movement], lost: &dyn Fn(u64, u64) -> u64) -> Option<String> {
+fn log(
+    (limit, w): (u64, u64),
+    moves: &[Movement],
+    lost: &dyn Fn(u64, u64) -> u64,
+) -> Option<String> {
     let net: Vec<(u64, i64)> = per_ms(moves).into_iter().collect();
-    let w = plan.window_ms;
-    let limit = plan.limit as i64;
+    let limit = limit as i64;
     let (mut from, mut sum) = (0usize, 0i64);
     let mut worst: Option<(i64, u64, u64)> = None;
     for &(t, tokens) in &net {
@@ -132,13 +139,13 @@ fn log(plan: &RunPlan, moves: &[Movement], lost: &dyn Fn(u64, u64) -> u64) -> Op
 /// A sliding window of `limit` per `window_ms`: the largest weighted usage summed over the
 /// endpoints at an admission, if above the limit.
 fn sliding(
-    plan: &RunPlan,
+    (limit, window_ms): (u64, u64),
     ledger: &Ledger,
     moves: &[Movement],
     lost: &dyn Fn(u64, u64) -> u64,
 ) -> Option<String> {
-    let w = u128::from(plan.window_ms);
-    let limit = u128::from(plan.limit);
+    let w = u128::from(window_ms);
+    let limit = u128::from(limit);
     // By endpoint: net tokens by epoch of its clock.
     let mut tallies: HashMap<u16, BTreeMap<u64, i64>> = HashMap::new();
     let mut worst: Option<(u128, u64)> = None;
@@ -155,12 +162,12 @@ fn sliding(
         let mut scaled = 0u128;
         for (&n, epochs) in &tallies {
             let clock = (T0 as i64 + m.sim as i64 + ledger.offset_at(usize::from(n), m.sim)) as u64;
-            let e = clock / plan.window_ms;
-            let el = u128::from(clock % plan.window_ms);
+            let e = clock / window_ms;
+            let el = u128::from(clock % window_ms);
             let at = |e: u64| epochs.get(&e).copied().unwrap_or(0).max(0) as u128;
             scaled += at(e) * w + at(e.wrapping_sub(1)) * (w - el);
         }
-        let excused = u128::from(lost(m.sim.saturating_sub(2 * plan.window_ms), m.sim));
+        let excused = u128::from(lost(m.sim.saturating_sub(2 * window_ms), m.sim));
         if scaled > (limit + excused) * w && worst.is_none_or(|(s, _)| scaled > s) {
             worst = Some((scaled, m.sim));
         }

@@ -21,11 +21,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use levee_testkit::rng::SeededRng;
 
-use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, Rule, RuleMode};
+use levee_core::{ClusterView, DecideCtx, KeyState, NodeIdx, ReplicaSet, Rule, RuleMode, Target};
+use levee_proto::encode_id;
 
 use crate::heal::HealFigure;
 use crate::ledger::Ledger;
 use crate::levee::refund_measured;
+use crate::mixed;
 use crate::net::SimNet;
 use crate::plan::{Algo, FaultKind, NetParams, Request, RunPlan, T0};
 
@@ -97,14 +99,15 @@ fn window(plan: &RunPlan, now: u64) -> u64 {
     plan.window_of(T0 + now)
 }
 
-/// The plan's rule decided exactly, by the core on a single node, at each of a few places
+/// The plan's rules decided exactly, by the core on a single node, at each of a few places
 /// that never exchange state: the central counter's one, or every region's own part of the
 /// limit for the static split. Clocks read simulated time.
 struct Exact {
-    /// By place: the rule bound to a single node.
-    rules: Vec<Rule>,
+    /// By place: the rules bound to a single node.
+    rules: Vec<Vec<Rule>>,
     single: ReplicaSet,
-    keys: HashMap<(u32, usize), KeyState>,
+    /// By place and key id (`levee_proto::encode_id`).
+    keys: HashMap<(usize, Vec<u8>), KeyState>,
 }
 
 /// A decision's context at a single node whose clock reads simulated time.
@@ -121,14 +124,31 @@ fn ctx(single: &ReplicaSet, now: u64) -> DecideCtx<'_> {
 /// place).
 type Due = BTreeMap<u64, Vec<(usize, u32, usize, u64, usize)>>;
 
+/// The ledger keys a request's tokens count in: its key, or a mixed run's buckets of it.
+fn ledger_keys(plan: &RunPlan, r: &Request) -> Vec<u32> {
+    if plan.mixed {
+        mixed::entries(r.class)
+            .iter()
+            .map(|&(_, _, slot)| mixed::ledger_key(plan, r.key, slot))
+            .collect()
+    } else {
+        vec![r.key]
+    }
+}
+
 impl Exact {
-    fn new(limits: impl IntoIterator<Item = Rule>) -> Exact {
+    fn new(places: impl IntoIterator<Item = Vec<Rule>>) -> Exact {
         let single = ReplicaSet::single("anchor", "r0");
-        let rules = limits
+        let rules = places
             .into_iter()
-            .map(|mut r| {
-                r.bind(&single);
-                r
+            .map(|rules| {
+                rules
+                    .into_iter()
+                    .map(|mut r| {
+                        r.bind(&single);
+                        r
+                    })
+                    .collect()
             })
             .collect();
         Exact {
@@ -138,17 +158,57 @@ impl Exact {
         }
     }
 
-    /// Decides a check of `cost` for `key` at `place`.
-    fn decide(&mut self, place: usize, key: u32, cost: u64, now: u64) -> bool {
-        // A cost above a region's whole part is never granted.
-        let Ok(target) = self.rules[place].target(None, cost) else {
-            return false;
+    /// Decides request `r` at `place`: which of its [`ledger_keys`] consumed its cost (none
+    /// if denied).
+    fn decide(&mut self, plan: &RunPlan, place: usize, r: &Request, now: u64) -> Vec<bool> {
+        let name = plan.keys[r.key as usize].as_str();
+        let cost = u64::from(r.cost);
+        let rules = &self.rules[place];
+        let entries: Vec<(&Rule, Option<&str>)> = if plan.mixed {
+            mixed::entries(r.class)
+                .iter()
+                .filter_map(|&(rule, class, _)| {
+                    Some((rules.iter().find(|x| x.name == rule)?, class))
+                })
+                .collect()
+        } else {
+            vec![(&rules[0], None)]
         };
+        let mut targets = Vec::new();
+        for &(rule, class) in &entries {
+            let over = match rule.overrides.get(name) {
+                Some(levee_core::Effect::Figures(a)) => Some(a),
+                _ => None,
+            };
+            // A cost above a region's whole part is never granted.
+            let Ok(target) = rule.target_with(class, cost, over) else {
+                return vec![false; entries.len()];
+            };
+            let mut id = Vec::new();
+            encode_id(&mut id, &rule.name, target.bucket, name);
+            targets.push((id, target, rule.mode));
+        }
+        let mut states: Vec<KeyState> = targets
+            .iter()
+            .map(|(id, _, _)| self.keys.remove(&(place, id.clone())).unwrap_or_default())
+            .collect();
         let ctx = ctx(&self.single, now);
-        let state = self.keys.entry((key, place)).or_default();
-        state
-            .decide(&target, RuleMode::Enforce, cost, false, &ctx)
-            .allowed
+        let mut checks: Vec<(&mut KeyState, Target<'_>, RuleMode)> = states
+            .iter_mut()
+            .zip(&targets)
+            .map(|(s, (_, t, m))| (s, *t, *m))
+            .collect();
+        let d = levee_core::decide_all(&mut checks, cost, false, &ctx);
+        drop(checks);
+        let consumed = d
+            .results
+            .iter()
+            .map(|x| d.allowed && x.would_allow)
+            .collect();
+        for ((id, _, _), state) in targets.into_iter().zip(states) {
+            self.keys.insert((place, id), state);
+        }
+        consumed
     }
 
     /// Gives back the refunds due at `now` and records what was really given back.
@@ -157,11 +217,14 @@ impl Exact {
             return;
         };
         for (place, key, region, cost, endpoint) in list {
-            let Ok(target) = self.rules[place].target(None, cost) else {
+            let rule = &self.rules[place][0];
+            let Ok(target) = rule.target(None, cost) else {
                 continue;
             };
+            let mut id = Vec::new();
+            encode_id(&mut id, &rule.name, target.bucket, &plan.keys[key as usize]);
             let ctx = ctx(&self.single, now);
-            let Some(state) = self.keys.get_mut(&(key, place)) else {
+            let Some(state) = self.keys.get_mut(&(place, id)) else {
                 continue;
             };
             for (epoch, tokens) in refund_measured(state, &target, cost, &ctx) {
@@ -174,6 +237,15 @@ impl Exact {
             }
         }
     }
+}
+
+/// Which entries consumed, as bits.
+fn mask(consumed: &[bool]) -> u8 {
+    consumed
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c)
+        .fold(0, |m, (i, _)| m | 1 << i)
 }
 
 /// Schedules the refund of an admitted request, if its caller gives it back.
@@ -194,8 +266,8 @@ pub fn run_static_split(plan: &RunPlan) -> Ledger {
     let regions = plan.topology.regions();
     let limits = plan.region_limits();
     let mut world: World<'_, ()> = World::new(plan, "static");
-    let mut ledger = Ledger::new(regions, !plan.algo.per_window());
-    let mut exact = Exact::new(limits.iter().map(|&l| plan.rule_with(l)));
+    let mut ledger = Ledger::new(regions, !plan.algo.per_window() || plan.mixed);
+    let mut exact = Exact::new(limits.iter().map(|&l| plan.rules_with(l)));
     let mut due = Due::new();
     let mut next = 0;
     for now in 0..plan.duration_ms {
@@ -207,9 +279,18 @@ pub fn run_static_split(plan: &RunPlan) -> Ledger {
             let region = r.region as usize;
             let w = window(plan, r.at);
             let cost = u64::from(r.cost);
-            ledger.demand(r.key, w, region, cost);
-            if world.region_up(region) && exact.decide(region, r.key, cost, now) {
-                ledger.admit(r.key, (w, now), region, region, cost);
+            let keys = ledger_keys(plan, &r);
+            for &k in &keys {
+                ledger.demand(k, w, region, cost);
+            }
+            if !world.region_up(region) {
+                continue;
+            }
+            let consumed = exact.decide(plan, region, &r, now);
+            for (&k, _) in keys.iter().zip(&consumed).filter(|(_, c)| **c) {
+                ledger.admit(k, (w, now), region, region, cost);
+            }
+            if consumed.first() == Some(&true) {
                 schedule(&mut due, &r, now, (region, region));
             }
         }
@@ -226,7 +307,8 @@ enum CentralMsg {
         request: Request,
         /// The home's window and simulated time when it decided.
         decided: (u64, u64),
-        allowed: bool,
+        /// Which of the request's ledger keys consumed its cost (bit `i`: the `i`th).
+        consumed: u8,
     },
 }
 
@@ -234,8 +316,8 @@ enum CentralMsg {
 pub fn run_central(plan: &RunPlan) -> Ledger {
     let regions = plan.topology.regions();
     let mut world: World<'_, CentralMsg> = World::new(plan, "central");
-    let mut ledger = Ledger::new(regions, !plan.algo.per_window());
-    let mut exact = Exact::new([plan.rule()]);
+    let mut ledger = Ledger::new(regions, !plan.algo.per_window() || plan.mixed);
+    let mut exact = Exact::new([plan.rules()]);
     let mut due = Due::new();
     let mut next = 0;
     for now in 0..plan.duration_ms {
@@ -249,7 +331,7 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
                         continue;
                     }
                     let w = window(plan, now);
-                    let allowed = exact.decide(0, request.key, u64::from(request.cost), now);
+                    let consumed = mask(&exact.decide(plan, 0, &request, now));
                     world.net.send(
                         now,
                         home,
@@ -258,22 +340,28 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
                         CentralMsg::Answer {
                             request,
                             decided: (w, now),
-                            allowed,
+                            consumed,
                         },
                     );
                 }
                 CentralMsg::Answer {
                     request,
                     decided,
-                    allowed,
+                    consumed,
                 } => {
-                    if allowed && world.region_up(m.to) {
+                    if consumed != 0 && world.region_up(m.to) {
                         // Counted when the home admitted it; refunded (at the home) from
                         // when the caller knows.
-                        // The counter's tallies are the home's.
                         let home = m.from;
-                        ledger.admit(request.key, decided, m.to, home, u64::from(request.cost));
-                        schedule(&mut due, &request, now, (0, home));
+                        let keys = ledger_keys(plan, &request);
+                        for (i, &k) in keys.iter().enumerate() {
+                            if consumed & (1 << i) != 0 {
+                                ledger.admit(k, decided, m.to, home, u64::from(request.cost));
+                            }
+                        }
+                        if consumed & 1 != 0 {
+                            schedule(&mut due, &request, now, (0, home));
+                        }
                     }
                 }
             }
@@ -284,14 +372,20 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
             let region = r.region as usize;
             let w = window(plan, now);
             let cost = u64::from(r.cost);
-            ledger.demand(r.key, w, region, cost);
+            let keys = ledger_keys(plan, &r);
+            for &k in &keys {
+                ledger.demand(k, w, region, cost);
+            }
             if !world.region_up(region) {
                 continue;
             }
             let home = plan.home_region(r.key);
             if home == region {
-                if exact.decide(0, r.key, cost, now) {
-                    ledger.admit(r.key, (w, now), region, region, cost);
+                let consumed = exact.decide(plan, 0, &r, now);
+                for (&k, _) in keys.iter().zip(&consumed).filter(|(_, c)| **c) {
+                    ledger.admit(k, (w, now), region, region, cost);
+                }
+                if consumed.first() == Some(&true) {
                     schedule(&mut due, &r, now, (0, home));
                 }
             } else {

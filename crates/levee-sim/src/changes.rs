@@ -319,6 +319,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
         requests,
         max_wait_ms: 0,
         algo: crate::plan::Algo::FixedWindow,
+        mixed: false,
     }
 }
 

@@ -211,15 +211,16 @@ pub fn check_levee(
             detail,
         })
     };
-    let limit = plan.limit;
-    if !plan.algo.per_window() {
-        for detail in crate::algos::check_continuous(plan, ledger) {
-            push(ViolationKind::AlgorithmLimit, detail);
-        }
+    for detail in crate::algos::check_continuous(plan, ledger) {
+        push(ViolationKind::AlgorithmLimit, detail);
     }
-    for (&(key, w), book) in ledger.windows.iter().filter(|_| plan.algo.per_window()) {
+    for (&(key, w), book) in &ledger.windows {
+        let (bound, name) = plan.bound_of(key);
+        if !bound.algo.per_window() {
+            continue;
+        }
+        let limit = bound.limit;
         let admitted = book.admitted_total();
-        let name = &plan.keys[key as usize];
         if policy == Policy::Strict && book.retry_with_room.1 > levee_core::RIGHTS_RETRY_MS {
             push(
                 ViolationKind::RetryAfter,
@@ -247,7 +248,7 @@ pub fn check_levee(
         }
     }
     // Shares move with the list: a side's cap is the first list's only without changes.
-    if !plan.has_crashes() && !plan.has_membership() && plan.algo.per_window() {
+    if !plan.has_crashes() && !plan.has_membership() && plan.algo.per_window() && !plan.mixed {
         let limits = plan.region_limits();
         // What costs above 1 can leave unspent at every node: rights below the next check's
         // cost.

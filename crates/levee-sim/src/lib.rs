@@ -36,6 +36,7 @@ pub mod heal;
 pub mod ledger;
 pub mod levee;
 pub mod lists;
+pub mod mixed;
 pub mod net;
 pub mod outcome;
 pub mod plan;

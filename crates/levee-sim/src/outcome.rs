@@ -180,16 +180,16 @@ pub fn run_plan(plan: &RunPlan, policies: &[Policy]) -> RunOutcome {
 /// Admitted over limit for every window of `run` whose demand reached the limit (the windows
 /// where overshoot is possible).
 pub fn overshoot(plan: &RunPlan, run: &PolicyRun) -> Vec<f64> {
-    if !plan.algo.per_window() {
-        // A bucket or a sliding window may admit more than its limit in an aligned window;
-        // their own properties are checked in `crate::algos`.
-        return Vec::new();
-    }
+    // A bucket or a sliding window may admit more than its limit in an aligned window; their
+    // own properties are checked in `crate::algos`.
     run.ledger
         .windows
-        .values()
-        .filter(|b| b.demand_total() >= plan.limit)
-        .map(|b| b.admitted_total() as f64 / plan.limit as f64)
+        .iter()
+        .filter_map(|(&(k, _), b)| {
+            let (bound, _) = plan.bound_of(k);
+            (bound.algo.per_window() && b.demand_total() >= bound.limit)
+                .then(|| b.admitted_total() as f64 / bound.limit as f64)
+        })
         .collect()
 }
 
@@ -241,11 +241,12 @@ pub fn utilisation(plan: &RunPlan, run: &PolicyRun, central: &PolicyRun) -> Opti
 pub fn restart_overshoot(plan: &RunPlan, run: &PolicyRun) -> (u64, u64) {
     let mut count = 0;
     let mut max = 0;
-    for b in run.ledger.windows.values() {
+    for (&(k, _), b) in &run.ledger.windows {
+        let limit = plan.bound_of(k).0.limit;
         let a = b.admitted_total();
-        if a > plan.limit && a <= plan.limit + b.forgotten {
+        if a > limit && a <= limit + b.forgotten {
             count += 1;
-            max = max.max(a - plan.limit);
+            max = max.max(a - limit);
         }
     }
     (count, max)
@@ -261,9 +262,9 @@ pub fn ghost_overshoot(plan: &RunPlan, run: &PolicyRun) -> (u64, u64) {
     let allowance = ghost_allowance(plan, &lists.ghosts);
     let mut count = 0;
     let mut max = 0;
-    for (&(_, w), b) in &run.ledger.windows {
+    for (&(k, w), b) in &run.ledger.windows {
         let a = b.admitted_total();
-        let base = plan.limit + b.forgotten;
+        let base = plan.bound_of(k).0.limit + b.forgotten;
         if a > base && a <= base + allowance.get(&w).copied().unwrap_or(0) {
             count += 1;
             max = max.max(a - base);

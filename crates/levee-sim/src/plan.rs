@@ -267,6 +267,8 @@ pub struct Request {
     pub key: u32,
     /// Its cost in tokens (1 but in the algorithms set, where it is drawn from 1–10).
     pub cost: u16,
+    /// The class it names (a mixed run's: 1 `gold`, 2 `free`; 0: none).
+    pub class: u8,
     /// If admitted, the caller gives the tokens back this many ms later (`refund: true`,
     /// where the check was decided); 0: never.
     pub refund_ms: u16,
@@ -280,6 +282,7 @@ impl Request {
             region: region as u16,
             key,
             cost: 1,
+            class: 0,
             refund_ms: 0,
         }
     }
@@ -377,6 +380,9 @@ pub struct RunPlan {
     pub max_wait_ms: u64,
     /// The rule's algorithm ([`Algo::FixedWindow`] but in the algorithms set).
     pub algo: Algo,
+    /// Every request is an atomic call against several rules (`crate::mixed`); `algo` is
+    /// then the first rule's.
+    pub mixed: bool,
 }
 
 impl RunPlan {
@@ -384,6 +390,40 @@ impl RunPlan {
     /// `window_ms` (see [`Algo`]).
     pub fn rule(&self) -> levee_core::Rule {
         self.rule_with(self.limit)
+    }
+
+    /// Every rule the nodes enforce: the plan's rule, or a mixed run's rules
+    /// ([`RunPlan::mixed`]).
+    pub fn rules(&self) -> Vec<levee_core::Rule> {
+        if self.mixed {
+            crate::mixed::rules(self.limit, self.window_ms)
+        } else {
+            vec![self.rule()]
+        }
+    }
+
+    /// What ledger key `k` is checked against, and its name in reports: the plan's rule and
+    /// key, or a mixed run's rule, bucket and key.
+    pub fn bound_of(&self, k: u32) -> (crate::mixed::Bound, String) {
+        if self.mixed {
+            return crate::mixed::bound_of(self, k);
+        }
+        (
+            crate::mixed::Bound {
+                algo: self.algo,
+                limit: self.limit,
+            },
+            self.keys[k as usize].clone(),
+        )
+    }
+
+    /// The plan's rules with another limit: a region's part of them for the static split.
+    pub fn rules_with(&self, limit: u64) -> Vec<levee_core::Rule> {
+        if self.mixed {
+            crate::mixed::rules(limit, self.window_ms)
+        } else {
+            vec![self.rule_with(limit)]
+        }
     }
 
     /// The plan's rule with another limit (and, for a bucket, rate): a region's part of it
@@ -418,9 +458,11 @@ impl RunPlan {
     /// Whether every request costs 1 and none is refunded (every set but the algorithms
     /// one).
     pub fn unit_costs(&self) -> bool {
-        self.requests
-            .iter()
-            .all(|r| r.cost == 1 && r.refund_ms == 0)
+        !self.mixed
+            && self
+                .requests
+                .iter()
+                .all(|r| r.cost == 1 && r.refund_ms == 0 && r.class == 0)
     }
 
     /// Each region's part of the limit: the sum of its nodes' integer splits, exactly as the

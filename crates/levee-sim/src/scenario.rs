@@ -92,6 +92,11 @@ pub enum Scenario {
     SlidingLog,
     /// As [`Scenario::FixedCosts`], on a day's `quota`.
     QuotaDay,
+    /// As [`Scenario::FixedCosts`] without refunds, every request one atomic `all` call
+    /// against three rules of its key (`crate::mixed`: a fixed window with threshold classes
+    /// and a per-key override, a token bucket with separate classes, a shadow sliding
+    /// window), of class `gold` (7 in 10) or `free`.
+    Mixed,
 }
 
 impl Scenario {
@@ -141,13 +146,14 @@ impl Scenario {
 
     /// Every algorithm, with costs and refunds, over the classic worlds: run with `--set
     /// algorithms`.
-    pub const ALGORITHMS: [Scenario; 6] = [
+    pub const ALGORITHMS: [Scenario; 7] = [
         Scenario::FixedCosts,
         Scenario::TokenBucket,
         Scenario::LeakyBucket,
         Scenario::SlidingWindow,
         Scenario::SlidingLog,
         Scenario::QuotaDay,
+        Scenario::Mixed,
     ];
 
     /// Every scenario of every set.
@@ -169,12 +175,13 @@ impl Scenario {
             Scenario::SlidingWindow => Algo::SlidingWindow,
             Scenario::SlidingLog => Algo::SlidingLog,
             Scenario::QuotaDay => Algo::QuotaDay,
+            Scenario::Mixed => Algo::FixedWindow,
             _ => return None,
         })
     }
 
-    /// An algorithms-set scenario's plan: the classic scenario `seed / 6` cycles to (so that
-    /// every 60 seeds run every algorithm over every classic world), drawn from the same
+    /// An algorithms-set scenario's plan: the classic scenario `seed / 7` cycles to (so that
+    /// every 70 seeds run every algorithm over every classic world), drawn from the same
     /// seed, with the algorithm, and costs and refunds. The requests of the main keys are
     /// thinned to 2 in 11 and each given a cost from 1–10 (mean 5.5: the demand in tokens
     /// stays the classic one); a tenth of them are refunded 1–300 ms after they are admitted.
@@ -183,7 +190,11 @@ impl Scenario {
     pub fn plan_algorithm(self, algo: Algo, seed: u64) -> RunPlan {
         let mut plan = Scenario::for_seed(seed / Scenario::ALGORITHMS.len() as u64).plan(seed);
         let mut rng = SeededRng::stream(seed, "costs");
+        let mixed = self == Scenario::Mixed;
         plan.requests.retain_mut(|r| {
+            if mixed {
+                r.class = 1;
+            }
             if Some(r.key) == plan.probe {
                 return true;
             }
@@ -191,11 +202,14 @@ impl Scenario {
                 return false;
             }
             r.cost = rng.range(1, 10) as u16;
-            if rng.below(10) == 0 {
+            if mixed {
+                r.class = if rng.below(10) < 7 { 1 } else { 2 };
+            } else if rng.below(10) == 0 {
                 r.refund_ms = rng.range(1, 300) as u16;
             }
             true
         });
+        plan.mixed = mixed;
         plan.scenario = self;
         plan.set_algo(algo);
         plan
@@ -233,6 +247,7 @@ impl Scenario {
             Scenario::SlidingWindow => "sliding-window",
             Scenario::SlidingLog => "sliding-log",
             Scenario::QuotaDay => "quota-day",
+            Scenario::Mixed => "mixed",
         }
     }
 
@@ -328,6 +343,7 @@ impl Scenario {
                 requests: d.requests,
                 max_wait_ms: 0,
                 algo: crate::plan::Algo::FixedWindow,
+                mixed: false,
             };
         }
         let limit = match self {
@@ -513,6 +529,7 @@ impl Scenario {
             requests,
             max_wait_ms: 0,
             algo: crate::plan::Algo::FixedWindow,
+            mixed: false,
         }
     }
 }

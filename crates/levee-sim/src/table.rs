@@ -144,6 +144,7 @@ pub fn table_plan(case: Case, rtt: u64, seed: u64) -> RunPlan {
         requests,
         max_wait_ms: 0,
         algo: crate::plan::Algo::FixedWindow,
+        mixed: false,
     }
 }
 

@@ -1,25 +1,27 @@
 //! Every algorithm in the simulator (the algorithms set): token and leaky buckets, sliding
-//! windows and logs, fixed windows and a day's quota, with costs from 1–10 and refunds, over
-//! the classic worlds and faults. The full run is `cargo run --release -p levee-sim --
-//! --seeds 600 --set algorithms`.
+//! windows and logs, fixed windows and a day's quota, with costs from 1–10 and refunds, and
+//! mixed runs (atomic calls against three rules per key, both class methods, a shadow rule,
+//! a per-key override), over the classic worlds and faults. The full run is `cargo run
+//! --release -p levee-sim -- --seeds 700 --set algorithms`.
 
-use levee_sim::plan::Algo;
+use levee_sim::mixed;
 use levee_sim::runner::parallel_map;
 use levee_sim::{Policy, Scenario, run_plan};
 
 #[test]
 fn every_algorithm_holds_its_property_with_costs_and_refunds() {
-    // Seeds 0–11 and 30–41: each algorithm over the steady and skewed worlds, a region cut
-    // off and a full split (the classic scenario of seed / 6).
-    let seeds: Vec<u64> = (0..12).chain(30..42).collect();
+    // Seeds 0–13 and 35–48: each scenario over the steady and skewed worlds, a region cut
+    // off and a full split (the classic scenario of seed / 7).
+    let seeds: Vec<u64> = (0..14).chain(35..49).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let outcomes = parallel_map(&seeds, threads, |&seed| {
         let scenario = Scenario::for_seed_in(&Scenario::ALGORITHMS, seed);
         let plan = scenario.plan(seed);
-        (plan.algo, plan.unit_costs(), run_plan(&plan, &Policy::ALL))
+        let outcome = run_plan(&plan, &Policy::ALL);
+        (plan, outcome)
     });
     let mut seen = Vec::new();
-    for (algo, unit_costs, o) in &outcomes {
+    for (plan, o) in &outcomes {
         assert!(
             o.violations.is_empty(),
             "{}\n    replay: {}",
@@ -30,45 +32,46 @@ fn every_algorithm_holds_its_property_with_costs_and_refunds() {
                 .join("\n"),
             o.replay_command()
         );
-        assert!(!unit_costs, "costs drawn from 1–10, some refunded");
+        assert!(!plan.unit_costs(), "costs drawn from 1–10");
         let strict = o.run(Policy::Strict).expect("the strict run completed");
-        let admitted: u64 = strict
-            .ledger
-            .windows
-            .values()
-            .map(|b| b.admitted_total())
-            .sum();
-        assert!(
-            admitted > 0,
-            "{algo:?} admitted nothing: {}",
-            o.replay_command()
-        );
-        let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded).sum();
-        assert!(
-            refunded > 0,
-            "{algo:?} gave nothing back: {}",
-            o.replay_command()
-        );
+        let admitted = |k: u32| -> u64 {
+            strict
+                .ledger
+                .windows
+                .range((k, 0)..(k + 1, 0))
+                .map(|(_, b)| b.admitted_total())
+                .sum()
+        };
+        let replay = o.replay_command();
+        if plan.mixed {
+            // Every bucket of the busiest key took tokens: the fixed window (overridden),
+            // both separate classes of the bucket, the shadow window.
+            for slot in 0..mixed::SLOTS {
+                let k = mixed::ledger_key(plan, 0, slot);
+                assert!(admitted(k) > 0, "slot {slot} admitted nothing: {replay}");
+            }
+        } else {
+            assert!(
+                admitted(0) > 0,
+                "{:?} admitted nothing: {replay}",
+                plan.algo
+            );
+            let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded).sum();
+            assert!(refunded > 0, "{:?} gave nothing back: {replay}", plan.algo);
+        }
         assert!(
             o.run(Policy::SharedCounter).is_none(),
             "the shared counter models cost-1 fixed windows only"
         );
-        if !algo.per_window() {
+        if !plan.algo.per_window() || plan.mixed {
             assert!(
                 !strict.ledger.movements.is_empty(),
-                "{algo:?} keeps its timeline"
+                "{replay} keeps its timeline"
             );
         }
-        seen.push(*algo);
+        seen.push(plan.scenario);
     }
-    for algo in [
-        Algo::FixedWindow,
-        Algo::TokenBucket,
-        Algo::LeakyBucket,
-        Algo::SlidingWindow,
-        Algo::SlidingLog,
-        Algo::QuotaDay,
-    ] {
-        assert_eq!(seen.iter().filter(|&&a| a == algo).count(), 4, "{algo:?}");
+    for s in Scenario::ALGORITHMS {
+        assert_eq!(seen.iter().filter(|&&x| x == s).count(), 4, "{s:?}");
     }
 }

@@ -181,7 +181,7 @@ impl<'p> Driver<'p> {
             net,
             route_rng: SeededRng::stream(plan.seed, "route"),
             phase,
-            ledger: Ledger::new(n, !plan.algo.per_window()),
+            ledger: Ledger::new(n, !plan.algo.per_window() || plan.mixed),
             watches: Vec::new(),
             errors: Vec::new(),
             now: 0,
@@ -208,7 +208,7 @@ impl<'p> Driver<'p> {
             // A node added later is built with the last list, and down until it starts.
             let list = if i < first { 0 } else { plan.lists.len() - 1 };
             let cluster = Cluster::new(d.config(i, list), d.clock_at(offset(i)));
-            let states = SimStates::new(NodeIdx(i as u16), cluster.spending(), plan.rule());
+            let states = SimStates::new(NodeIdx(i as u16), cluster.spending(), plan.rules());
             d.ledger.set_offset(i, 0, offset(i));
             d.nodes.push(SimNode {
                 synced: cluster.is_synced(),

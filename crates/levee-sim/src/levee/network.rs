@@ -71,7 +71,7 @@ impl<'p> Driver<'p> {
         self.retire(node);
         self.nodes[node].offset = offset;
         let cluster = Cluster::new(self.config(node, list), self.clock(node));
-        let states = SimStates::new(NodeIdx(node as u16), cluster.spending(), self.plan.rule());
+        let states = SimStates::new(NodeIdx(node as u16), cluster.spending(), self.plan.rules());
         self.ledger.set_offset(node, self.now, offset);
         let n = &mut self.nodes[node];
         n.synced = cluster.is_synced();

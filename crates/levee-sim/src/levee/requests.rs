@@ -2,6 +2,8 @@
 //! its owner, and recorded in the ledger; and the refunds of admitted requests.
 
 use super::*;
+use crate::mixed;
+use levee_core::ClusterView;
 
 /// A check as its caller asked it: where, for which key, what it costs, and whether (and
 /// when) its tokens are given back.
@@ -10,6 +12,8 @@ pub(super) struct Ask {
     pub(super) region: usize,
     pub(super) key: u32,
     pub(super) cost: u64,
+    /// Its class (a mixed run's; 0: none).
+    pub(super) class: u8,
     /// Sim ms after its admission at which the caller refunds it; 0: never.
     pub(super) refund_ms: u64,
 }
@@ -28,6 +32,7 @@ impl<'p> Driver<'p> {
             region: r.region as usize,
             key: r.key,
             cost: u64::from(r.cost),
+            class: r.class,
             refund_ms: u64::from(r.refund_ms),
         };
         let (region, key) = (ask.region, ask.key);
@@ -44,27 +49,35 @@ impl<'p> Driver<'p> {
         if live.is_empty() {
             // Nobody to ask: the request fails.
             let window = self.plan.window_of(T0 + self.now);
-            self.ledger.demand(key, window, region, ask.cost);
+            self.demand(ask, window);
             return;
         }
         let entry = live[self.route_rng.index(live.len())];
         let t = self.clock(entry);
-        self.ledger
-            .demand(key, self.plan.window_of(t), region, ask.cost);
+        self.demand(ask, self.plan.window_of(t));
         match self.nodes[entry].cluster.route(name.as_bytes()) {
             Route::Local => self.decide(entry, ask, false),
             Route::Alone => self.decide(entry, ask, true),
             Route::Owner(owner) => {
-                let check = ForwardCheck {
-                    rule: RULE.to_owned(),
+                let check = |rule: &str, class: Option<&str>| ForwardCheck {
+                    rule: rule.to_owned(),
                     key: name.clone(),
                     cost: ask.cost,
-                    class: None,
+                    class: class.map(str::to_owned),
                     dry_run: false,
                     idempotency_key: None,
                     refund: false,
                 };
-                let id = self.nodes[entry].cluster.forward(owner, vec![check], t);
+                // A mixed run's `all` call travels as its entries, decided together.
+                let checks = if self.plan.mixed {
+                    mixed::entries(ask.class)
+                        .iter()
+                        .map(|&(rule, class, _)| check(rule, class))
+                        .collect()
+                } else {
+                    vec![check(RULE, None)]
+                };
+                let id = self.nodes[entry].cluster.forward(owner, checks, t);
                 self.forwarded.insert((entry, id), ask);
                 self.flush(entry);
                 None
@@ -74,10 +87,53 @@ impl<'p> Driver<'p> {
 
     /// Decides one check, asked as `ask`, at `node`; `acting_alone` when the key's owner
     /// could not decide it.
+    /// Records what `ask` asked for, in `window`: in each of its buckets for a mixed run.
+    fn demand(&mut self, ask: Ask, window: u64) {
+        if self.plan.mixed {
+            for (_, _, slot) in mixed::entries(ask.class) {
+                let k = mixed::ledger_key(self.plan, ask.key, slot);
+                self.ledger.demand(k, window, ask.region, ask.cost);
+            }
+        } else {
+            self.ledger.demand(ask.key, window, ask.region, ask.cost);
+        }
+    }
+
+    /// Decides a mixed run's `all` call, asked as `ask`, at `node`: every decision, in the
+    /// order of its entries.
+    fn decide_mixed(&mut self, node: usize, ask: Ask, view: ClusterView) -> Option<Vec<Decision>> {
+        let name = &self.plan.keys[ask.key as usize];
+        let entries = mixed::entries(ask.class);
+        let list: Vec<(&str, Option<&str>)> = entries.iter().map(|&(r, c, _)| (r, c)).collect();
+        let t = self.clock(node);
+        let Some(d) = self.nodes[node]
+            .states
+            .decide_all(&list, name, ask.cost, t, view)
+        else {
+            self.errors
+                .push(format!("node {node}: no decision for key {name}"));
+            return None;
+        };
+        let window = self.plan.window_of(t);
+        for (i, &(_, _, slot)) in entries.iter().enumerate() {
+            if d.allowed && d.results[i].would_allow {
+                let k = mixed::ledger_key(self.plan, ask.key, slot);
+                self.ledger
+                    .admit(k, (window, self.now), ask.region, node, ask.cost);
+            }
+        }
+        Some(d.results)
+    }
+
     pub(super) fn decide(&mut self, node: usize, ask: Ask, acting_alone: bool) -> Option<Decision> {
         let name = &self.plan.keys[ask.key as usize];
         let mut view = self.nodes[node].cluster.view();
         view.acting_alone = acting_alone;
+        if self.plan.mixed {
+            return self
+                .decide_mixed(node, ask, view)
+                .and_then(|d| d.into_iter().next());
+        }
         let t = self.clock(node);
         let window = self.plan.window_of(t);
         let Some(decision) = self.nodes[node]
@@ -173,6 +229,31 @@ impl<'p> Driver<'p> {
     ) {
         let region = self.region_of[n];
         let mut decisions = Vec::with_capacity(checks.len());
+        let answer = |d: Decision| ForwardDecision {
+            allowed: d.allowed,
+            would_allow: d.would_allow,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_ms: d.reset_after_ms,
+            retry_after_ms: d.retry_after_ms,
+            degraded: d.degraded,
+        };
+        if self.plan.mixed {
+            let key = checks
+                .first()
+                .and_then(|c| self.key_index.get(c.key.as_str()));
+            let ask = self.forwarded.get(&(usize::from(from.0), id)).copied();
+            if let (Some(&key), Some(ask)) = (key, ask) {
+                let view = self.nodes[n].cluster.view();
+                if let Some(all) = self.decide_mixed(n, Ask { key, region, ..ask }, view) {
+                    decisions.extend(all.into_iter().map(|d| Some(answer(d))));
+                }
+            }
+            decisions.resize(checks.len(), None);
+            let t = self.clock(n);
+            self.nodes[n].cluster.answer_forward(from, id, decisions, t);
+            return;
+        }
         for c in checks {
             // The caller's own ask (its region and refund), kept with the forwarder's batch.
             let ask = self
@@ -186,21 +267,14 @@ impl<'p> Driver<'p> {
                         region,
                         key,
                         cost: c.cost,
+                        class: 0,
                         refund_ms: 0,
                     });
                     self.decide(n, ask, false)
                 }
                 None => None,
             };
-            decisions.push(decision.map(|d| ForwardDecision {
-                allowed: d.allowed,
-                would_allow: d.would_allow,
-                limit: d.limit,
-                remaining: d.remaining,
-                reset_after_ms: d.reset_after_ms,
-                retry_after_ms: d.retry_after_ms,
-                degraded: d.degraded,
-            }));
+            decisions.push(decision.map(answer));
         }
         let t = self.clock(n);
         self.nodes[n].cluster.answer_forward(from, id, decisions, t);

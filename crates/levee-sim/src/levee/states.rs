@@ -18,17 +18,32 @@ use levee_core::{
 };
 use levee_proto::{decode_id, encode_id};
 
-/// Key states of one simulated node, its rule bound to its machine's spending list.
+/// One rule of a node, as bound to its spending list.
+struct Bound {
+    /// The rule as configured (unbound).
+    base: Rule,
+    /// The rule in force: bound to the list, or held down where a share grew.
+    rule: Rule,
+    /// The rule bound to the list in full and when it replaces `rule`.
+    later: Option<(Millis, Rule)>,
+}
+
+impl Bound {
+    fn at(&self, now: Millis) -> &Rule {
+        match &self.later {
+            Some((at, r)) if now >= *at => r,
+            _ => &self.rule,
+        }
+    }
+}
+
+/// Key states of one simulated node, its rules bound to its machine's spending list.
 pub struct SimStates {
     me: NodeIdx,
     /// The list decisions spend by: the machine's `spending()` at the last rebinding.
     replicas: ReplicaSet,
-    /// The rule as configured (unbound).
-    base: Rule,
-    /// The rule in force: bound to `replicas`, or held down where a share grew.
-    rule: Rule,
-    /// The rule bound to `replicas` in full and when it replaces `rule`.
-    later: Option<(Millis, Rule)>,
+    /// Every rule; the first is the run's main rule (rights and shares are reported on it).
+    rules: Vec<Bound>,
     /// The node's clock at the machine call under way (what `update_active` binds at).
     now: Millis,
     keys: BTreeMap<Vec<u8>, KeyState>,
@@ -40,17 +55,25 @@ pub struct SimStates {
 }
 
 impl SimStates {
-    /// Empty states of node `me`, its rule `base` bound to `spending` (as a node that
+    /// Empty states of node `me`, its rules `bases` bound to `spending` (as a node that
     /// starts binds its rules to its configuration's list).
-    pub fn new(me: NodeIdx, spending: ReplicaSet, base: Rule) -> SimStates {
-        let mut rule = base.clone();
-        rule.bind(&spending);
+    pub fn new(me: NodeIdx, spending: ReplicaSet, bases: Vec<Rule>) -> SimStates {
+        let rules = bases
+            .into_iter()
+            .map(|base| {
+                let mut rule = base.clone();
+                rule.bind(&spending);
+                Bound {
+                    base,
+                    rule,
+                    later: None,
+                }
+            })
+            .collect();
         SimStates {
             me,
             replicas: spending,
-            base,
-            rule,
-            later: None,
+            rules,
             now: 0,
             keys: BTreeMap::new(),
             dirty: BTreeSet::new(),
@@ -73,17 +96,15 @@ impl SimStates {
         self
     }
 
-    /// The rule as bound at `now`.
+    /// The main rule as bound at `now`.
     pub fn rule_at(&self, now: Millis) -> &Rule {
-        match &self.later {
-            Some((at, rule)) if now >= *at => rule,
-            _ => &self.rule,
-        }
+        self.rules[0].at(now)
     }
 
-    /// When a grown share applies, if one still waits at `now`.
+    /// When a grown share of the main rule applies, if one still waits at `now`.
     pub fn pending_growth(&self, now: Millis) -> Option<Millis> {
-        self.later
+        self.rules[0]
+            .later
             .as_ref()
             .map(|(at, _)| *at)
             .filter(|&at| now < at)
@@ -110,16 +131,18 @@ impl SimStates {
         if self.replicas == spending {
             return;
         }
-        let old = self.rule_at(now).clone();
-        let mut bound = self.base.clone();
-        bound.bind(&spending);
-        let mut rule = self.base.clone();
-        rule.split.clone_from(&old.split);
-        for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
-            c.split.clone_from(&was.split);
+        for b in &mut self.rules {
+            let old = b.at(now).clone();
+            let mut bound = b.base.clone();
+            bound.bind(&spending);
+            let mut rule = b.base.clone();
+            rule.split.clone_from(&old.split);
+            for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
+                c.split.clone_from(&was.split);
+            }
+            b.later = rule.bind_no_higher(&spending, now).map(|at| (at, bound));
+            b.rule = rule;
         }
-        self.later = rule.bind_no_higher(&spending, now).map(|at| (at, bound));
-        self.rule = rule;
         self.replicas = spending;
     }
 
@@ -145,14 +168,8 @@ impl SimStates {
         view: ClusterView,
         dry_run: bool,
     ) -> Option<Decision> {
-        if rule != self.base.name {
-            return None;
-        }
-        let bound = match &self.later {
-            Some((at, r)) if now >= *at => r,
-            _ => &self.rule,
-        };
-        let target = bound.target(None, cost).ok()?;
+        let bound = find(&self.rules, rule, now)?;
+        let target = bound.target_with(None, cost, over(bound, key)).ok()?;
         let mut id = Vec::new();
         encode_id(&mut id, &bound.name, target.bucket, key);
         let ctx = DecideCtx {
@@ -194,14 +211,8 @@ impl SimStates {
         now: Millis,
         view: ClusterView,
     ) -> Option<Vec<(u64, u64)>> {
-        if rule != self.base.name {
-            return None;
-        }
-        let bound = match &self.later {
-            Some((at, r)) if now >= *at => r,
-            _ => &self.rule,
-        };
-        let target = bound.target(None, cost).ok()?;
+        let bound = find(&self.rules, rule, now)?;
+        let target = bound.target_with(None, cost, over(bound, key)).ok()?;
         let mut id = Vec::new();
         encode_id(&mut id, &bound.name, target.bucket, key);
         let ctx = DecideCtx {
@@ -217,6 +228,58 @@ impl SimStates {
         Some(back)
     }
 
+    /// Decides an atomic call of `cost` against several rules of `key`: `entries` are
+    /// (rule, class), distinct rules. As `levee_core::decide_all` (what a node's
+    /// `Limiter::check_all` runs when it owns every key): allowed only if every enforced rule
+    /// allows, shadow rules consuming only then and when they would allow. `None` if a rule
+    /// is unknown or a cost can never be granted.
+    pub fn decide_all(
+        &mut self,
+        entries: &[(&str, Option<&str>)],
+        key: &str,
+        cost: u64,
+        now: Millis,
+        view: ClusterView,
+    ) -> Option<levee_core::AllDecision> {
+        let mut targets = Vec::with_capacity(entries.len());
+        let mut ids = Vec::with_capacity(entries.len());
+        for &(rule, class) in entries {
+            let bound = find(&self.rules, rule, now)?;
+            let target = bound.target_with(class, cost, over(bound, key)).ok()?;
+            let mut id = Vec::new();
+            encode_id(&mut id, &bound.name, target.bucket, key);
+            targets.push((target, bound.mode));
+            ids.push(id);
+        }
+        for id in &ids {
+            self.keys.entry(id.clone()).or_default();
+        }
+        // Every state out of the map at once (distinct ids), decided together, put back.
+        let mut states: Vec<KeyState> = ids
+            .iter()
+            .map(|id| self.keys.remove(id).unwrap_or_default())
+            .collect();
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view,
+        };
+        let mut checks: Vec<(&mut KeyState, Target<'_>, RuleMode)> = states
+            .iter_mut()
+            .zip(targets)
+            .map(|(s, (t, m))| (s, t, m))
+            .collect();
+        let d = levee_core::decide_all(&mut checks, cost, false, &ctx);
+        drop(checks);
+        for (id, state) in ids.into_iter().zip(states) {
+            self.keys.insert(id.clone(), state);
+            self.dirty.insert(id.clone());
+            self.active.insert(id);
+        }
+        Some(d)
+    }
+
     /// A key's replicated state, if held.
     pub fn state(&self, rule: &str, key: &str) -> Option<&KeyCrdt> {
         let mut id = Vec::new();
@@ -226,7 +289,7 @@ impl SimStates {
 
     fn rule_of(&self, id: &[u8]) -> Option<&Rule> {
         let (rule, _, _) = decode_id(id)?;
-        (rule == self.base.name).then(|| self.rule_at(self.now))
+        find(&self.rules, rule, self.now)
     }
 
     fn refresh_fingerprint(&mut self, id: &[u8]) {
@@ -238,6 +301,22 @@ impl SimStates {
             .get(id)
             .map(|s| key_fingerprint(id, s.crdt(), retained));
         self.fingerprints.set(id, fp);
+    }
+}
+
+/// The rule named `name` as bound at `now`.
+fn find<'a>(rules: &'a [Bound], name: &str, now: Millis) -> Option<&'a Rule> {
+    rules
+        .iter()
+        .find(|b| b.base.name == name)
+        .map(|b| b.at(now))
+}
+
+/// A key's own figures under `rule` (a per-key override of its limit), if it has any.
+fn over<'r>(rule: &'r Rule, key: &str) -> Option<&'r levee_core::Algorithm> {
+    match rule.overrides.get(key) {
+        Some(levee_core::Effect::Figures(a)) => Some(a),
+        _ => None,
     }
 }
 
@@ -295,16 +374,11 @@ impl KeyStates for SimStates {
     }
 
     fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused> {
-        let (rule_name, bucket, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
-        if rule_name != self.base.name {
-            return Err(Refused("unknown rule".into()));
-        }
-        let bound = match &self.later {
-            Some((at, r)) if now >= *at => r,
-            _ => &self.rule,
-        };
+        let (rule_name, bucket, key) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
+        let bound =
+            find(&self.rules, rule_name, now).ok_or_else(|| Refused("unknown rule".into()))?;
         let target = bound
-            .target_of_bucket(bucket)
+            .target_of_bucket_with(bucket, over(bound, key))
             .ok_or_else(|| Refused("unknown class".into()))?;
         let ctx = DecideCtx {
             now,
@@ -360,18 +434,15 @@ impl KeyStates for SimStates {
 
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         let active = std::mem::take(&mut self.active);
-        let bound = match &self.later {
-            Some((at, r)) if self.now >= *at => r,
-            _ => &self.rule,
-        };
+        let now = self.now;
         for id in active {
-            let Some((rule, bucket, _)) = decode_id(&id) else {
+            let Some((rule, bucket, key)) = decode_id(&id) else {
                 continue;
             };
-            if rule != bound.name {
+            let Some(bound) = find(&self.rules, rule, now) else {
                 continue;
-            }
-            let Some(target) = bound.target_of_bucket(bucket) else {
+            };
+            let Some(target) = bound.target_of_bucket_with(bucket, over(bound, key)) else {
                 continue;
             };
             let Some(state) = self.keys.get_mut(&id) else {
@@ -400,7 +471,7 @@ mod tests {
         let first = NodeList::initial(&t);
         let grown = first.with_added(0);
         // Node 0 of region 0: 100 of 200; with a region-mate, 50.
-        let mut s = SimStates::new(NodeIdx(0), first.replica_set(), rule(200, 1_000));
+        let mut s = SimStates::new(NodeIdx(0), first.replica_set(), vec![rule(200, 1_000)]);
         assert_eq!(s.share_at(10_500), 100);
         s.rebind(grown.replica_set(), 10_500);
         assert_eq!(s.share_at(10_500), 50, "a shrink applies at once");
