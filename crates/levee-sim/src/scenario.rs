@@ -210,6 +210,15 @@ impl Scenario {
             true
         });
         plan.mixed = mixed;
+        // A process that restarts keeps its machine's clock. (The classic set draws a new
+        // offset, which a window's count does not see; a bucket or a log counts time across
+        // the restart, and a clock stepped forward there lets a node re-admit early: see
+        // docs/accuracy.md, "Every algorithm".)
+        for f in &mut plan.faults {
+            if let crate::plan::FaultKind::Restart { node, offset } = &mut f.kind {
+                *offset = plan.offsets[*node];
+            }
+        }
         plan.scenario = self;
         plan.set_algo(algo);
         plan
