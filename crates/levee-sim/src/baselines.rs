@@ -136,6 +136,16 @@ fn ledger_keys(plan: &RunPlan, r: &Request) -> Vec<u32> {
     }
 }
 
+/// Records what request `r` asked for in `window`, in each of its ledger keys, and returns
+/// them.
+fn asked(plan: &RunPlan, ledger: &mut Ledger, r: &Request, window: u64) -> Vec<u32> {
+    let keys = ledger_keys(plan, r);
+    for &k in &keys {
+        ledger.demand(k, window, r.region as usize, u64::from(r.cost));
+    }
+    keys
+}
+
 impl Exact {
     fn new(places: impl IntoIterator<Item = Vec<Rule>>) -> Exact {
         let single = ReplicaSet::single("anchor", "r0");
@@ -279,10 +289,7 @@ pub fn run_static_split(plan: &RunPlan) -> Ledger {
             let region = r.region as usize;
             let w = window(plan, r.at);
             let cost = u64::from(r.cost);
-            let keys = ledger_keys(plan, &r);
-            for &k in &keys {
-                ledger.demand(k, w, region, cost);
-            }
+            let keys = asked(plan, &mut ledger, &r, w);
             if !world.region_up(region) {
                 continue;
             }
@@ -372,10 +379,7 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
             let region = r.region as usize;
             let w = window(plan, now);
             let cost = u64::from(r.cost);
-            let keys = ledger_keys(plan, &r);
-            for &k in &keys {
-                ledger.demand(k, w, region, cost);
-            }
+            let keys = asked(plan, &mut ledger, &r, w);
             if !world.region_up(region) {
                 continue;
             }

@@ -168,10 +168,7 @@ impl SimStates {
         view: ClusterView,
         dry_run: bool,
     ) -> Option<Decision> {
-        let bound = find(&self.rules, rule, now)?;
-        let target = bound.target_with(None, cost, over(bound, key)).ok()?;
-        let mut id = Vec::new();
-        encode_id(&mut id, &bound.name, target.bucket, key);
+        let (target, id) = resolve(&self.rules, rule, key, cost, now)?;
         let ctx = DecideCtx {
             now,
             me: self.me,
@@ -211,10 +208,7 @@ impl SimStates {
         now: Millis,
         view: ClusterView,
     ) -> Option<Vec<(u64, u64)>> {
-        let bound = find(&self.rules, rule, now)?;
-        let target = bound.target_with(None, cost, over(bound, key)).ok()?;
-        let mut id = Vec::new();
-        encode_id(&mut id, &bound.name, target.bucket, key);
+        let (target, id) = resolve(&self.rules, rule, key, cost, now)?;
         let ctx = DecideCtx {
             now,
             me: self.me,
@@ -310,6 +304,22 @@ fn find<'a>(rules: &'a [Bound], name: &str, now: Millis) -> Option<&'a Rule> {
         .iter()
         .find(|b| b.base.name == name)
         .map(|b| b.at(now))
+}
+
+/// The bucket a check of `cost` for `key` under rule `name` draws from (the key's override
+/// figures, if any), and the id of its state.
+fn resolve<'a>(
+    rules: &'a [Bound],
+    name: &str,
+    key: &str,
+    cost: u64,
+    now: Millis,
+) -> Option<(Target<'a>, Vec<u8>)> {
+    let bound = find(rules, name, now)?;
+    let target = bound.target_with(None, cost, over(bound, key)).ok()?;
+    let mut id = Vec::new();
+    encode_id(&mut id, &bound.name, target.bucket, key);
+    Some((target, id))
 }
 
 /// A key's own figures under `rule` (a per-key override of its limit), if it has any.
