@@ -139,14 +139,53 @@ pub(crate) fn publish_demand(
 /// Strict mode: gives this node's spare rights toward demand, in every scope the algorithm
 /// holds rights in (the current and the next epoch, or the continuous holdings). Only this
 /// node's own rows are written, and never more than it holds beyond what it needs.
-pub(crate) fn give_spare(crdt: &mut KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Gifts {
+pub(crate) fn give_spare(
+    crdt: &mut KeyCrdt,
+    target: &Target<'_>,
+    ctx: &RebalanceCtx<'_>,
+    keep_stored: bool,
+) -> Gifts {
     let algo = *target.algorithm;
     let split = split_of(target, ctx.replicas);
     let mut gifts = Gifts::default();
     for scope in scopes(&algo, ctx.now) {
-        rebalance_scope(crdt, target, &algo, &split, scope, ctx, &mut gifts);
+        let keep = keep_stored && matches!(scope, Scope::Continuous);
+        rebalance_scope(crdt, target, &algo, &split, (scope, keep), ctx, &mut gifts);
     }
     gifts
+}
+
+/// A token bucket's units of capacity `me` holds that hold no token: what it can give
+/// without clipping its level.
+fn empty_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
+    let Algorithm::TokenBucket {
+        rate,
+        per_ms,
+        burst,
+        ..
+    } = *target.algorithm
+    else {
+        return u64::MAX;
+    };
+    let base = own_base(target, ctx, burst);
+    let units = holdings(base, &crdt.holdings, ctx.me);
+    let level = sub_bucket_level(
+        crdt.buckets.get(ctx.me),
+        base,
+        units,
+        (rate, per_ms, burst),
+        ctx.now,
+    );
+    let stored = (level.max(0) + NANO - 1) / NANO;
+    units.saturating_sub(u64::try_from(stored).unwrap_or(u64::MAX))
+}
+
+/// `me`'s static share of a token bucket of `burst`.
+fn own_base(target: &Target<'_>, ctx: &RebalanceCtx<'_>, burst: u64) -> u64 {
+    target
+        .split
+        .and_then(|s| s.get(usize::from(ctx.me.0)).copied())
+        .unwrap_or_else(|| ctx.replicas.split(burst)[usize::from(ctx.me.0)])
 }
 
 /// What `me` holds of a key beyond what it used, over every scope it holds rights in (the
@@ -209,7 +248,7 @@ fn rebalance_scope(
     target: &Target<'_>,
     algo: &Algorithm,
     split: &[u64],
-    scope: Scope,
+    (scope, keep_stored): (Scope, bool),
     ctx: &RebalanceCtx<'_>,
     gifts: &mut Gifts,
 ) {
@@ -381,6 +420,9 @@ fn rebalance_scope(
         }
     }
     let mut left = my_spare;
+    if keep_stored {
+        left = left.min(empty_units(crdt, target, ctx));
+    }
     for (to, units) in plan {
         let units = units.min(left);
         if units == 0 {
@@ -550,10 +592,7 @@ fn give(
                 ..
             } = *target.algorithm
             {
-                let base = target
-                    .split
-                    .and_then(|s| s.get(usize::from(ctx.me.0)).copied());
-                let base = base.unwrap_or_else(|| ctx.replicas.split(burst)[usize::from(ctx.me.0)]);
+                let base = own_base(target, ctx, burst);
                 let units_before = holdings(base, &crdt.holdings, ctx.me);
                 let level = sub_bucket_level(
                     crdt.buckets.get(ctx.me),

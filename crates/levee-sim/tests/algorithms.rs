@@ -75,3 +75,26 @@ fn every_algorithm_holds_its_property_with_costs_and_refunds() {
         assert_eq!(seen.iter().filter(|&&x| x == s).count(), 4, "{s:?}");
     }
 }
+
+/// Even demand on a token bucket: forecasts swing from region to region, and capacity that
+/// went back and forth used to destroy the tokens the giver held (received units arrive
+/// empty; a giver clips its level). An owner that received units lately now gives only the
+/// empty part of its bucket (`levee_core`'s `KEEP_STORED_MS`). On these four steady worlds
+/// Levee admitted 0.797 of the central counter on average before, 0.906 after.
+#[test]
+fn token_buckets_under_even_demand_keep_their_stored_tokens() {
+    let seeds = [1u64, 141, 211, 281];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ratios = parallel_map(&seeds, threads, |&seed| {
+        let plan = Scenario::TokenBucket.plan(seed);
+        assert_eq!(plan.scenario, Scenario::TokenBucket);
+        let o = run_plan(&plan, &[Policy::Strict, Policy::Central]);
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        let (strict, central) = (o.run(Policy::Strict).unwrap(), o.run(Policy::Central).unwrap());
+        levee_sim::outcome::utilisation(&plan, strict, central)
+            .expect("the central counter admitted")
+            .0
+    });
+    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    assert!(mean >= 0.88, "utilisation against the central counter {ratios:?}");
+}
