@@ -158,6 +158,16 @@ pub(crate) fn give_spare(
 /// A token bucket's units of capacity `me` holds that hold no token: what it can give
 /// without clipping its level.
 fn empty_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
+    let Some((level, units)) = own_bucket(crdt, target, ctx) else {
+        return u64::MAX;
+    };
+    let stored = (level.max(0) + NANO - 1) / NANO;
+    units.saturating_sub(u64::try_from(stored).unwrap_or(u64::MAX))
+}
+
+/// A token bucket: `me`'s sub-bucket level at `ctx.now` (nanotokens) and its units of
+/// capacity; `None` for other algorithms.
+fn own_bucket(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Option<(i128, u64)> {
     let Algorithm::TokenBucket {
         rate,
         per_ms,
@@ -165,7 +175,7 @@ fn empty_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u
         ..
     } = *target.algorithm
     else {
-        return u64::MAX;
+        return None;
     };
     let base = own_base(target, ctx, burst);
     let units = holdings(base, &crdt.holdings, ctx.me);
@@ -176,8 +186,7 @@ fn empty_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u
         (rate, per_ms, burst),
         ctx.now,
     );
-    let stored = (level.max(0) + NANO - 1) / NANO;
-    units.saturating_sub(u64::try_from(stored).unwrap_or(u64::MAX))
+    Some((level, units))
 }
 
 /// `me`'s static share of a token bucket of `burst`.
@@ -585,22 +594,7 @@ fn give(
             gifts.epoch_transfers = true;
         }
         Scope::Continuous => {
-            if let Algorithm::TokenBucket {
-                rate,
-                per_ms,
-                burst,
-                ..
-            } = *target.algorithm
-            {
-                let base = own_base(target, ctx, burst);
-                let units_before = holdings(base, &crdt.holdings, ctx.me);
-                let level = sub_bucket_level(
-                    crdt.buckets.get(ctx.me),
-                    base,
-                    units_before,
-                    (rate, per_ms, burst),
-                    ctx.now,
-                );
+            if let Some((level, units_before)) = own_bucket(crdt, target, ctx) {
                 let cap_after = i128::from(units_before - units.min(units_before)) * NANO;
                 crdt.holdings.give(ctx.me, to, units);
                 write_level(crdt.buckets.entry(ctx.me), level.min(cap_after), ctx.now);

@@ -90,11 +90,17 @@ fn token_buckets_under_even_demand_keep_their_stored_tokens() {
         assert_eq!(plan.scenario, Scenario::TokenBucket);
         let o = run_plan(&plan, &[Policy::Strict, Policy::Central]);
         assert!(o.violations.is_empty(), "{:?}", o.violations);
-        let (strict, central) = (o.run(Policy::Strict).unwrap(), o.run(Policy::Central).unwrap());
+        let (strict, central) = (
+            o.run(Policy::Strict).unwrap(),
+            o.run(Policy::Central).unwrap(),
+        );
         levee_sim::outcome::utilisation(&plan, strict, central)
             .expect("the central counter admitted")
             .0
     });
     let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-    assert!(mean >= 0.88, "utilisation against the central counter {ratios:?}");
+    assert!(
+        mean >= 0.88,
+        "utilisation against the central counter {ratios:?}"
+    );
 }
