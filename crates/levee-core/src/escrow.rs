@@ -34,7 +34,7 @@
 use crate::crdt::{DemandReg, KeyCrdt, TransferMatrix};
 use crate::decision::ClusterView;
 use crate::replica::{NodeIdx, ReplicaSet};
-use crate::rights::{NANO, holdings, sub_bucket_level, write_level};
+use crate::rights::{NANO, holdings, own_sub_bucket, write_level};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
 
@@ -158,43 +158,11 @@ pub(crate) fn give_spare(
 /// A token bucket's units of capacity `me` holds that hold no token: what it can give
 /// without clipping its level.
 fn empty_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
-    let Some((level, units)) = own_bucket(crdt, target, ctx) else {
+    let Some((level, units)) = own_sub_bucket(crdt, target, ctx.me, ctx.replicas, ctx.now) else {
         return u64::MAX;
     };
     let stored = (level.max(0) + NANO - 1) / NANO;
     units.saturating_sub(u64::try_from(stored).unwrap_or(u64::MAX))
-}
-
-/// A token bucket: `me`'s sub-bucket level at `ctx.now` (nanotokens) and its units of
-/// capacity; `None` for other algorithms.
-fn own_bucket(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Option<(i128, u64)> {
-    let Algorithm::TokenBucket {
-        rate,
-        per_ms,
-        burst,
-        ..
-    } = *target.algorithm
-    else {
-        return None;
-    };
-    let base = own_base(target, ctx, burst);
-    let units = holdings(base, &crdt.holdings, ctx.me);
-    let level = sub_bucket_level(
-        crdt.buckets.get(ctx.me),
-        base,
-        units,
-        (rate, per_ms, burst),
-        ctx.now,
-    );
-    Some((level, units))
-}
-
-/// `me`'s static share of a token bucket of `burst`.
-fn own_base(target: &Target<'_>, ctx: &RebalanceCtx<'_>, burst: u64) -> u64 {
-    target
-        .split
-        .and_then(|s| s.get(usize::from(ctx.me.0)).copied())
-        .unwrap_or_else(|| ctx.replicas.split(burst)[usize::from(ctx.me.0)])
 }
 
 /// What `me` holds of a key beyond what it used, over every scope it holds rights in (the
@@ -594,7 +562,9 @@ fn give(
             gifts.epoch_transfers = true;
         }
         Scope::Continuous => {
-            if let Some((level, units_before)) = own_bucket(crdt, target, ctx) {
+            if let Some((level, units_before)) =
+                own_sub_bucket(crdt, target, ctx.me, ctx.replicas, ctx.now)
+            {
                 let cap_after = i128::from(units_before - units.min(units_before)) * NANO;
                 crdt.holdings.give(ctx.me, to, units);
                 write_level(crdt.buckets.entry(ctx.me), level.min(cap_after), ctx.now);

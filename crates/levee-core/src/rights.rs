@@ -5,8 +5,9 @@
 //! read rights and levels the same way; this module is the one place that says how. It knows
 //! the CRDT's types but nothing of a key's private bookkeeping.
 
-use crate::crdt::{BucketReg, TransferMatrix};
-use crate::replica::NodeIdx;
+use crate::crdt::{BucketReg, KeyCrdt, TransferMatrix};
+use crate::replica::{NodeIdx, ReplicaSet};
+use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
 
 /// Nanotokens per token: token-bucket levels are fixed-point integers.
@@ -64,6 +65,37 @@ pub(crate) fn sub_bucket_level(
         Some(reg) => project(reg, units, rate, per_ms, burst, now),
         None => i128::from(base.min(units)) * NANO,
     }
+}
+
+/// A token bucket: `me`'s sub-bucket at `now` — its level after refill (nanotokens) and its
+/// capacity (units: its static share, plus what it received, less what it gave). `None` for
+/// other algorithms.
+pub(crate) fn own_sub_bucket(
+    crdt: &KeyCrdt,
+    target: &Target<'_>,
+    me: NodeIdx,
+    replicas: &ReplicaSet,
+    now: Millis,
+) -> Option<(i128, u64)> {
+    let Algorithm::TokenBucket {
+        rate,
+        per_ms,
+        burst,
+        ..
+    } = *target.algorithm
+    else {
+        return None;
+    };
+    let base = target.static_share(me, replicas);
+    let units = holdings(base, &crdt.holdings, me);
+    let level = sub_bucket_level(
+        crdt.buckets.get(me),
+        base,
+        units,
+        (rate, per_ms, burst),
+        now,
+    );
+    Some((level, units))
 }
 
 /// Writes a node's sub-bucket register: a new sequence number, the level clamped into the

@@ -21,12 +21,13 @@
 //! ```
 //!
 //! Layout: [`plan`] (what a run is), [`lists`] (its node lists), [`scenario`] (how a seed
-//! becomes a plan), [`changes`] (membership changes),
+//! becomes a plan; [`algo_plans`] for the algorithms set), [`changes`] (membership changes),
 //! [`workload`] (demand), [`net`] (the network), [`levee`] (the cluster under test),
 //! [`baselines`], [`ledger`] (what was admitted), [`heal`] (agreement after a heal),
 //! [`checks`] and [`algos`] (continuous algorithms' properties), [`outcome`] (one run), [`summary`], [`settle`] (membership figures) and [`runner`] (many runs), [`table`]
 //! (the accuracy figure).
 
+pub mod algo_plans;
 pub mod algos;
 pub mod baselines;
 pub mod changes;

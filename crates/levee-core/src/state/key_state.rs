@@ -8,7 +8,7 @@ use crate::crdt::KeyCrdt;
 use crate::decision::DecideCtx;
 use crate::forecast::Forecast;
 use crate::replica::NodeIdx;
-use crate::rights::{holdings, sub_bucket_level, write_level};
+use crate::rights::{holdings, own_sub_bucket, write_level};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
 
@@ -146,25 +146,7 @@ impl KeyState {
     /// The node's own sub-bucket: level after refill (nanotokens) and capacity (units).
     #[inline]
     pub(super) fn own_level(&self, target: &Target<'_>, ctx: &DecideCtx<'_>) -> (i128, u64) {
-        let Algorithm::TokenBucket {
-            rate,
-            per_ms,
-            burst,
-            ..
-        } = *target.algorithm
-        else {
-            return (0, 0);
-        };
-        let base = target.static_share(ctx.me, ctx.replicas);
-        let units = self.continuous_holdings(target, ctx);
-        let level = sub_bucket_level(
-            self.crdt.buckets.get(ctx.me),
-            base,
-            units,
-            (rate, per_ms, burst),
-            ctx.now,
-        );
-        (level, units)
+        own_sub_bucket(&self.crdt, target, ctx.me, ctx.replicas, ctx.now).unwrap_or((0, 0))
     }
 
     /// Writes this node's sub-bucket register. A clock that went backwards does not refill
