@@ -124,22 +124,10 @@ fn ctx(single: &ReplicaSet, now: u64) -> DecideCtx<'_> {
 /// place).
 type Due = BTreeMap<u64, Vec<(usize, u32, usize, u64, usize)>>;
 
-/// The ledger keys a request's tokens count in: its key, or a mixed run's buckets of it.
-fn ledger_keys(plan: &RunPlan, r: &Request) -> Vec<u32> {
-    if plan.mixed {
-        mixed::entries(r.class)
-            .iter()
-            .map(|&(_, _, slot)| mixed::ledger_key(plan, r.key, slot))
-            .collect()
-    } else {
-        vec![r.key]
-    }
-}
-
 /// Records what request `r` asked for in `window`, in each of its ledger keys, and returns
 /// them.
 fn asked(plan: &RunPlan, ledger: &mut Ledger, r: &Request, window: u64) -> Vec<u32> {
-    let keys = ledger_keys(plan, r);
+    let keys = mixed::ledger_keys(plan, r.key, r.class);
     for &k in &keys {
         ledger.demand(k, window, r.region as usize, u64::from(r.cost));
     }
@@ -168,7 +156,7 @@ impl Exact {
         }
     }
 
-    /// Decides request `r` at `place`: which of its [`ledger_keys`] consumed its cost (none
+    /// Decides request `r` at `place`: which of its [`mixed::ledger_keys`] consumed its cost (none
     /// if denied).
     fn decide(&mut self, plan: &RunPlan, place: usize, r: &Request, now: u64) -> Vec<bool> {
         let name = plan.keys[r.key as usize].as_str();
@@ -360,7 +348,7 @@ pub fn run_central(plan: &RunPlan) -> Ledger {
                         // Counted when the home admitted it; refunded (at the home) from
                         // when the caller knows.
                         let home = m.from;
-                        let keys = ledger_keys(plan, &request);
+                        let keys = mixed::ledger_keys(plan, request.key, request.class);
                         for (i, &k) in keys.iter().enumerate() {
                             if consumed & (1 << i) != 0 {
                                 ledger.admit(k, decided, m.to, home, u64::from(request.cost));

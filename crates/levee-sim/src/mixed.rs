@@ -96,6 +96,19 @@ pub fn ledger_key(plan: &RunPlan, key: u32, slot: u32) -> u32 {
     slot * plan.keys.len() as u32 + key
 }
 
+/// The ledger keys a request of `key` and `class` counts in: the key itself, or a mixed
+/// run's buckets of it.
+pub fn ledger_keys(plan: &RunPlan, key: u32, class: u8) -> Vec<u32> {
+    if plan.mixed {
+        entries(class)
+            .iter()
+            .map(|&(_, _, slot)| ledger_key(plan, key, slot))
+            .collect()
+    } else {
+        vec![key]
+    }
+}
+
 /// What ledger key `k` of a mixed run is checked against, and its name in reports.
 pub fn bound_of(plan: &RunPlan, k: u32) -> (Bound, String) {
     let n = plan.keys.len() as u32;

@@ -85,17 +85,10 @@ impl<'p> Driver<'p> {
         };
     }
 
-    /// Decides one check, asked as `ask`, at `node`; `acting_alone` when the key's owner
-    /// could not decide it.
     /// Records what `ask` asked for, in `window`: in each of its buckets for a mixed run.
     fn demand(&mut self, ask: Ask, window: u64) {
-        if self.plan.mixed {
-            for (_, _, slot) in mixed::entries(ask.class) {
-                let k = mixed::ledger_key(self.plan, ask.key, slot);
-                self.ledger.demand(k, window, ask.region, ask.cost);
-            }
-        } else {
-            self.ledger.demand(ask.key, window, ask.region, ask.cost);
+        for k in mixed::ledger_keys(self.plan, ask.key, ask.class) {
+            self.ledger.demand(k, window, ask.region, ask.cost);
         }
     }
 
@@ -125,6 +118,8 @@ impl<'p> Driver<'p> {
         Some(d.results)
     }
 
+    /// Decides one check, asked as `ask`, at `node`; `acting_alone` when the key's owner
+    /// could not decide it.
     pub(super) fn decide(&mut self, node: usize, ask: Ask, acting_alone: bool) -> Option<Decision> {
         let name = &self.plan.keys[ask.key as usize];
         let mut view = self.nodes[node].cluster.view();

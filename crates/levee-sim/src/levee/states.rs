@@ -245,9 +245,6 @@ impl SimStates {
             targets.push((target, bound.mode));
             ids.push(id);
         }
-        for id in &ids {
-            self.keys.entry(id.clone()).or_default();
-        }
         // Every state out of the map at once (distinct ids), decided together, put back.
         let mut states: Vec<KeyState> = ids
             .iter()
