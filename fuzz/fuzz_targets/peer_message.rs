@@ -53,6 +53,7 @@ fuzz_target!(|data: &[u8]| {
         anti_entropy_interval: 200,
         forward_timeout: 500,
         tick_phase: 0,
+        topology: Default::default(),
     };
     let mut cluster = Cluster::new(cfg, T0);
     let mut store = MemoryStates::new(NodeIdx(0), replicas, rules);

@@ -83,7 +83,7 @@ pub use event::{Event, ForwardId};
 pub use lists::{Lists, MAX_UNAGREED, PeerState, Report};
 pub use machine::{
     Cluster, ClusterConfig, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS,
-    PeerStatus, override_hash,
+    PeerStatus, Topology, override_hash,
 };
 pub use peer::{MAX_KEYS_PER_MESSAGE, Outgoing, PUSH_KEYS_PER_TICK};
 pub use recent::MAX_RECENT_KEYS;

@@ -42,6 +42,7 @@ impl Node {
             anti_entropy_interval: 200,
             forward_timeout: 500,
             tick_phase: 0,
+            topology: Default::default(),
         };
         let mut node = Node {
             cluster: Cluster::new(cfg, T0),

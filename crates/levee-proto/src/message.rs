@@ -315,6 +315,22 @@ pub enum Message {
         /// receiver answers with its own.
         reply: bool,
     },
+    /// The nodes of other regions the sender hears directly, each with how long ago it last
+    /// heard it (ms), to its region-mates: with regional gossip
+    /// (`levee_cluster::Topology::Regions`) a node talks to one node per other region, and
+    /// learns from its region-mates that the rest are alive. At most
+    /// `levee_core::MAX_NODES` entries. Added at the end: versions before it decode every
+    /// other message as before, and refuse this one as unknown.
+    Heard(Vec<HeardEntry>),
+}
+
+/// One node heard directly by the sender of a [`Message::Heard`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeardEntry {
+    /// The node's position in the replica list.
+    pub node: u16,
+    /// How long before the message was sent the sender last heard it, in ms.
+    pub age_ms: u32,
 }
 
 /// The most lists a [`Message::Membership`] carries as floors: a node refuses a change of

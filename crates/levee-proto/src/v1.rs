@@ -207,7 +207,8 @@ enum MessageV1Out<'a> {
 }
 
 /// Encodes `msg` as a version-1 payload, or `None` for a message version 1 does not have
-/// (`Overrides`, `OverrideDigest`, `Membership`: a node of that version would refuse it).
+/// (`Overrides`, `OverrideDigest`, `Membership`, `Heard`: a node of that version would
+/// refuse it).
 pub(crate) fn encode_payload_v1(msg: &Message) -> Result<Option<Vec<u8>>, EncodeError> {
     let out = match msg {
         Message::Hello(h) => MessageV1Out::Hello(h),
@@ -227,7 +228,10 @@ pub(crate) fn encode_payload_v1(msg: &Message) -> Result<Option<Vec<u8>>, Encode
         Message::ForwardReply { id, decisions } => {
             MessageV1Out::ForwardReply { id: *id, decisions }
         }
-        Message::Overrides(_) | Message::OverrideDigest { .. } | Message::Membership { .. } => {
+        Message::Overrides(_)
+        | Message::OverrideDigest { .. }
+        | Message::Membership { .. }
+        | Message::Heard(_) => {
             return Ok(None);
         }
     };

@@ -24,8 +24,9 @@
 //! becomes a plan; [`algo_plans`] for the algorithms set), [`changes`] (membership changes),
 //! [`workload`] (demand), [`net`] (the network), [`levee`] (the cluster under test),
 //! [`baselines`], [`ledger`] (what was admitted), [`heal`] (agreement after a heal),
-//! [`checks`] and [`algos`] (continuous algorithms' properties), [`outcome`] (one run), [`summary`], [`settle`] (membership figures) and [`runner`] (many runs), [`table`]
-//! (the accuracy figure).
+//! [`checks`] and [`algos`] (continuous algorithms' properties), [`outcome`] (one run),
+//! [`summary`], [`settle`] (membership figures) and [`runner`] (many runs), [`table`] (the
+//! accuracy figure), [`scale`] (the gossip protocol's cost as the cluster grows).
 
 pub mod algo_plans;
 pub mod algos;
@@ -43,6 +44,7 @@ pub mod outcome;
 pub mod plan;
 pub mod report;
 pub mod runner;
+pub mod scale;
 pub mod scenario;
 pub mod settle;
 pub mod summary;

@@ -64,6 +64,25 @@ struct Cli {
     /// Failures listed in the summary.
     #[arg(long, default_value_t = 20)]
     show_failures: usize,
+    /// Who a node gossips with: mesh (every node, every interval) or regions (region-mates
+    /// and one node per other region, which relays).
+    #[arg(long, default_value = "mesh", value_parser = parse_gossip)]
+    gossip: levee_cluster::Topology,
+    /// Measure the gossip protocol's cost per node as the cluster grows (regions × nodes,
+    /// e.g. 2x2,5x5,10x10,10x20) under --gossip, with --scale-keys active keys.
+    #[arg(long, value_delimiter = ',')]
+    gossip_scale: Vec<String>,
+    /// Active keys of --gossip-scale.
+    #[arg(long, default_value_t = 100_000)]
+    scale_keys: usize,
+}
+
+fn parse_gossip(s: &str) -> Result<levee_cluster::Topology, String> {
+    match s {
+        "mesh" => Ok(levee_cluster::Topology::Mesh),
+        "regions" => Ok(levee_cluster::Topology::Regions),
+        other => Err(format!("{other:?}: one of mesh, regions")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -101,6 +120,9 @@ fn main() -> ExitCode {
             .map(|n| n.get())
             .unwrap_or(1)
     });
+    if !cli.gossip_scale.is_empty() {
+        return gossip_scale(&cli.gossip_scale, cli.scale_keys, threads);
+    }
     if cli.table {
         let started = Instant::now();
         quiet_panics();
@@ -125,7 +147,9 @@ fn main() -> ExitCode {
     }
     if let Some(seed) = cli.seed {
         let scenario = scenario.unwrap_or(Scenario::for_seed_in(set, seed));
-        return replay(&scenario.plan(seed));
+        let mut plan = scenario.plan(seed);
+        plan.protocol.gossip = cli.gossip;
+        return replay(&plan);
     }
     let seeds = cli.seeds.unwrap_or(100);
     let batch = Batch {
@@ -135,6 +159,7 @@ fn main() -> ExitCode {
         set,
         threads,
         progress: true,
+        gossip: cli.gossip,
     };
     quiet_panics();
     let started = Instant::now();
@@ -161,6 +186,66 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `--gossip-scale`: every layout under both topologies, on `threads` threads.
+fn gossip_scale(layouts: &[String], keys: usize, threads: usize) -> ExitCode {
+    use levee_cluster::Topology;
+    use levee_sim::scale::{Layout, measure, render};
+    let mut parsed = Vec::new();
+    for l in layouts {
+        match Layout::parse(l) {
+            Some(x) => parsed.push(x),
+            None => {
+                eprintln!(
+                    "--gossip-scale {l:?}: expected REGIONSxNODES (e.g. 10x20), at most {} nodes",
+                    levee_core::MAX_NODES
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let jobs: Vec<(Layout, Topology)> = parsed
+        .iter()
+        .flat_map(|&l| [(l, Topology::Mesh), (l, Topology::Regions)])
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(vec![None; jobs.len()]);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(layout, topology)) = jobs.get(i) else {
+                        break;
+                    };
+                    let t = Instant::now();
+                    let f = measure(layout, topology, keys, 2);
+                    eprintln!(
+                        "{}x{} {:?}: {:.1} s",
+                        layout.regions,
+                        layout.nodes,
+                        topology,
+                        t.elapsed().as_secs_f64()
+                    );
+                    results.lock().expect("no worker panics")[i] = Some(f);
+                }
+            });
+        }
+    });
+    let figures: Vec<_> = results
+        .into_inner()
+        .expect("no worker panics")
+        .into_iter()
+        .flatten()
+        .collect();
+    println!(
+        "levee-sim --gossip-scale: {keys} keys, 2 s of load, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    println!("{}", render(&figures));
+    ExitCode::SUCCESS
 }
 
 /// Runs one plan under every policy, prints it in detail, and fails if Levee broke a property.

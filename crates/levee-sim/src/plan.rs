@@ -126,6 +126,8 @@ pub struct ProtocolParams {
     pub anti_entropy_interval: u64,
     /// The largest difference between two nodes' clocks (production default 500 ms).
     pub max_clock_skew: u64,
+    /// Who a node gossips with (production default: every node).
+    pub gossip: levee_cluster::Topology,
 }
 
 impl Default for ProtocolParams {
@@ -135,6 +137,7 @@ impl Default for ProtocolParams {
             suspect_after: 1_000,
             anti_entropy_interval: 1_000,
             max_clock_skew: 500,
+            gossip: levee_cluster::Topology::Mesh,
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct Batch {
     pub threads: usize,
     /// Print a progress line on stderr.
     pub progress: bool,
+    /// Who a node gossips with, in every run.
+    pub gossip: levee_cluster::Topology,
 }
 
 /// Runs every seed of `batch` with every policy and folds the outcomes.
@@ -50,7 +52,8 @@ pub fn run_batch(batch: &Batch) -> Summary {
                         let scenario = batch
                             .scenario
                             .unwrap_or(Scenario::for_seed_in(batch.set, seed));
-                        let plan = scenario.plan(seed);
+                        let mut plan = scenario.plan(seed);
+                        plan.protocol.gossip = batch.gossip;
                         let outcome = run_plan(&plan, &Policy::ALL);
                         if !outcome.violations.is_empty() {
                             failed.fetch_add(1, Ordering::Relaxed);

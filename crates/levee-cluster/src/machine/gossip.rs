@@ -1,5 +1,6 @@
-//! The end of a gossip interval: failure detection, rebalancing, deltas to every peer, paced
-//! full states, repeats to peers that do not hear us, anti-entropy digests.
+//! The end of a gossip interval: failure detection, rebalancing, deltas to every peer gossiped
+//! with (`topology.rs`), paced full states, repeats to peers that do not hear us, anti-entropy
+//! digests.
 
 use levee_core::{Millis, NodeIdx, RebalanceCtx};
 use levee_proto::{KeyEntry, Message};
@@ -21,16 +22,16 @@ impl Cluster {
 
     /// Remembers the keys sent now, and forgets those every peer has acknowledged.
     pub(super) fn remember_sent(&mut self, ids: &[Vec<u8>], now: Millis) {
-        let me = usize::from(self.cfg.me.0);
         let margin = 2 * self.cfg.gossip_interval;
-        let peer = &self.peer;
-        // Keep what the least up-to-date peer may need again (bounded by MAX_RECENT_KEYS: a
-        // peer that missed more gets everything when it is heard again).
+        let (peer, links) = (&self.peer, &self.gateways.links);
+        // Keep what the least up-to-date peer gossiped with may need again (bounded by
+        // MAX_RECENT_KEYS: a peer that missed more gets everything when it is heard again).
         let keep_from = || {
-            peer.iter()
-                .enumerate()
-                .filter(|&(i, p)| i != me && p.acked_ms > 0)
-                .map(|(_, p)| p.acked_ms.saturating_sub(margin))
+            links
+                .iter()
+                .map(|l| &peer[usize::from(l.0)])
+                .filter(|p| p.acked_ms > 0)
+                .map(|p| p.acked_ms.saturating_sub(margin))
                 .min()
                 .unwrap_or(now)
         };
@@ -46,9 +47,9 @@ impl Cluster {
         if !self.synced && now.saturating_sub(self.started) >= self.cfg.suspect_after {
             // Nobody can vouch for a complete state — no peer is reachable, or every reachable
             // one is recovering too (the whole cluster is starting): start from what we have.
+            let links = self.links(now);
             let m = &self.membership;
-            let all_deferred = self
-                .peers()
+            let all_deferred = links
                 .iter()
                 .all(|&p| !m.is_reachable(p) || self.peer[usize::from(p.0)].deferred);
             if all_deferred {
@@ -60,16 +61,17 @@ impl Cluster {
             // The answers to our pull may have been lost (a peer's link to us was still
             // backing off from our restart): ask again until one arrives whole.
             self.last_pull = now;
-            for peer in self.peers() {
+            for peer in self.links(now) {
                 self.send(peer, Message::PullRequest, now);
             }
         }
         if self.synced {
             self.rebalance(now, store);
         }
-        let peers = self.peers();
+        let peers = self.links(now);
         let sent_ids = self.send_deltas(&peers, now, store);
         self.remember_sent(&sent_ids, now);
+        self.send_heard(&peers, now);
         for &p in &peers {
             self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
             self.pump(p, now, store);
@@ -85,6 +87,7 @@ impl Cluster {
         }
         self.anti_entropy(&peers, now, store);
         self.gossip_overrides(now, store);
+        let peers = self.peers();
         if now >= self.next_membership {
             // Tell every peer the list again now and then: every anti-entropy interval while
             // the change settles (a list sent to a peer that was not listening yet is not
@@ -142,34 +145,67 @@ impl Cluster {
         self.rights_given = self.rights_given.saturating_add(given);
     }
 
-    /// Deltas of every key changed since the last interval, to every peer; returns the ids
-    /// sent.
+    /// Deltas of every key changed since the last interval, to every peer in `peers`, and to
+    /// region-mates with what this node relays (`topology.rs`); returns the ids sent.
     pub(super) fn send_deltas(
         &mut self,
         peers: &[NodeIdx],
         now: Millis,
         store: &mut dyn KeyStates,
     ) -> Vec<Vec<u8>> {
-        let mut sent_ids: Vec<Vec<u8>> = Vec::new();
+        let mut own: Vec<Vec<KeyEntry>> = Vec::new();
         loop {
             let deltas = store.drain_deltas(MAX_KEYS_PER_MESSAGE);
             if deltas.is_empty() {
                 break;
             }
             let full = deltas.len() == MAX_KEYS_PER_MESSAGE;
-            let keys: Vec<KeyEntry> = deltas
-                .into_iter()
-                .map(|(id, state)| KeyEntry { id, state })
-                .collect();
-            sent_ids.extend(keys.iter().map(|k| k.id.clone()));
-            let batch = batch(now, keys);
-            for &p in peers {
-                self.send(p, Message::Deltas(batch.clone()), now);
-            }
+            own.push(
+                deltas
+                    .into_iter()
+                    .map(|(id, state)| KeyEntry { id, state })
+                    .collect(),
+            );
             if !full {
                 break;
             }
         }
+        let relay = self.take_relay();
+        let mut sent_ids: Vec<Vec<u8>> = own
+            .iter()
+            .chain(std::iter::once(&relay))
+            .flatten()
+            .map(|k| k.id.clone())
+            .collect();
+        if relay.is_empty() {
+            for keys in own {
+                let batch = batch(now, keys);
+                for &p in peers {
+                    self.send(p, Message::Deltas(batch.clone()), now);
+                }
+            }
+            return sent_ids;
+        }
+        // Region-mates get this node's deltas and the relayed entries in the same batches.
+        let mine = self.cfg.replicas.region_of(self.cfg.me);
+        let (mates, others): (Vec<NodeIdx>, Vec<NodeIdx>) = peers
+            .iter()
+            .partition(|&&p| self.cfg.replicas.region_of(p) == mine);
+        for keys in &own {
+            let batch = batch(now, keys.clone());
+            for &p in &others {
+                self.send(p, Message::Deltas(batch.clone()), now);
+            }
+        }
+        let all: Vec<KeyEntry> = own.into_iter().flatten().chain(relay).collect();
+        for keys in all.chunks(MAX_KEYS_PER_MESSAGE) {
+            let batch = batch(now, keys.to_vec());
+            for &p in &mates {
+                self.send(p, Message::Deltas(batch.clone()), now);
+            }
+        }
+        sent_ids.sort_unstable();
+        sent_ids.dedup();
         sent_ids
     }
 

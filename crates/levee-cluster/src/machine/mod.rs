@@ -19,8 +19,10 @@ use crate::store::KeyStates;
 mod gossip;
 mod overrides;
 mod receive;
+mod topology;
 
 pub use overrides::override_hash;
+pub use topology::Topology;
 
 /// Most keys re-sent every interval to a peer that does not hear this node.
 pub const MAX_KEYS_BEHIND: usize = 64;
@@ -49,6 +51,8 @@ pub struct ClusterConfig {
     /// Nodes started together can be given different phases so that they do not gossip in
     /// lockstep; the simulator uses it to replay its seeded phases.
     pub tick_phase: Millis,
+    /// Who this node gossips with every interval.
+    pub topology: Topology,
 }
 
 /// Reachability and sync state of one peer, for `/v1/cluster` and metrics.
@@ -103,6 +107,8 @@ pub struct Cluster {
     rights_given: u64,
     /// Per-key overrides: when their digest next goes out (`overrides.rs`).
     overrides: overrides::OverrideSync,
+    /// Regional gossip: gateways, who chose this node, keys to relay (`topology.rs`).
+    gateways: topology::Gateways,
 }
 
 impl Cluster {
@@ -136,13 +142,19 @@ impl Cluster {
             refused: 0,
             rights_given: 0,
             overrides: overrides::OverrideSync::default(),
+            gateways: topology::Gateways::default(),
             cfg,
         };
         if c.synced {
             c.events.push_back(Event::Synced);
         }
+        // The full state is pulled from the peers it gossips with (every peer in a mesh);
+        // every peer hears its list.
+        let links = c.links(now);
         for peer in c.peers() {
-            c.send(peer, Message::PullRequest, now);
+            if links.contains(&peer) {
+                c.send(peer, Message::PullRequest, now);
+            }
             c.send_list(peer, now);
         }
         c.reported_view = c.view();
@@ -537,16 +549,17 @@ impl Cluster {
     /// while it is down. Returns the time the flush was sent at: see
     /// [`Cluster::acknowledged_since`].
     pub fn flush(&mut self, now: Millis, store: &mut dyn KeyStates) -> Millis {
-        let peers = self.peers();
-        let sent = self.send_deltas(&peers, now, store);
+        let links = self.links(now);
+        let sent = self.send_deltas(&links, now, store);
         self.remember_sent(&sent, now);
         now
     }
 
-    /// Whether every reachable peer has acknowledged what we sent up to `sent_at` (an
-    /// unreachable peer gets it by catch-up or anti-entropy when heard again).
+    /// Whether every reachable peer this node gossips with has acknowledged what we sent up
+    /// to `sent_at` (an unreachable peer gets it by catch-up or anti-entropy when heard
+    /// again; with regional gossip, the other regions' nodes get it from their gateway).
     pub fn acknowledged_since(&self, sent_at: Millis) -> bool {
-        self.peers().into_iter().all(|p| {
+        self.gateways.links.iter().all(|&p| {
             !self.membership.is_reachable(p) || self.peer[usize::from(p.0)].acked_ms >= sent_at
         })
     }

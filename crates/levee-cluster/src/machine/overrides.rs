@@ -211,6 +211,7 @@ mod tests {
                     anti_entropy_interval: 100,
                     forward_timeout: 500,
                     tick_phase: 0,
+                    topology: Default::default(),
                 },
                 1_000,
             )

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use levee_core::{Millis, NodeIdx};
 use levee_proto::{DeltaBatch, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES, Message};
 
-use super::{Cluster, MAX_REPAIR_BUCKETS};
+use super::{Cluster, MAX_REPAIR_BUCKETS, Topology};
 use crate::digest::{bucket_of, differing, digest_message, well_formed};
 use crate::event::Event;
 use crate::forward::Answer;
@@ -27,10 +27,12 @@ impl Cluster {
             return;
         }
         let i = usize::from(from.0);
-        let up = self.membership.heard(from, now);
-        if let Some(change) = up {
+        let heard = self.membership.heard(from, now);
+        if let Some(change) = heard.change {
             self.apply(vec![change]);
         }
+        // The link is (back) up: the peer may have missed what this node sent it.
+        let up = heard.link_up;
         if self.lists.current().is_removed(from)
             && now >= self.peer[i].told_removed + self.cfg.anti_entropy_interval
         {
@@ -45,8 +47,8 @@ impl Cluster {
             p.heard_ms = p.heard_ms.max(b.sent_at_ms);
             // An ack from the future (our clock stepped back at a restart) says nothing.
             let ack = b.ack_ms.min(now);
-            let prev = p.acked_ms;
-            if up.is_some() {
+            let prev = self.acked_by(from);
+            if up {
                 // Heard again after a silence: it most likely missed what we sent since its
                 // last acknowledgement. Push that at once, without waiting to be asked, so a
                 // healed partition converges within one round trip.
@@ -61,11 +63,11 @@ impl Cluster {
             }
             let p = &mut self.peer[i];
             p.acked_ms = p.acked_ms.max(ack);
-        } else if up.is_some() {
-            let prev = self.peer[i].acked_ms;
+        } else if up {
+            let prev = self.acked_by(from);
             self.catch_up(from, prev, true, now, store);
         }
-        if up.is_some() {
+        if up {
             // Heard again (or for the first time): it may have missed any override, and the
             // list this node runs.
             self.push_all_overrides(from, now, store);
@@ -84,7 +86,7 @@ impl Cluster {
                     self.send_list(from, now);
                 }
             }
-            Message::Deltas(batch) => self.merge_batch(&batch, now, store),
+            Message::Deltas(batch) => self.merge_batch(from, batch, true, now, store),
             // A recovering node sends what it has but cannot vouch that it is complete.
             // The list first: a node that starts must be bounded by the lists in play before
             // the state it pulls makes it synced (see `PullChunk`).
@@ -97,7 +99,7 @@ impl Cluster {
             }
             Message::PullDeferred => self.peer[i].deferred = true,
             Message::PullChunk { batch, done } => {
-                self.merge_batch(&batch, now, store);
+                self.merge_batch(from, batch, false, now, store);
                 if done && !self.synced {
                     self.pulled_from.get_or_insert((from, now));
                     self.sync_if_listed(now);
@@ -160,6 +162,7 @@ impl Cluster {
                 self.events
                     .push_back(Event::ForwardReceived { from, id, checks });
             }
+            Message::Heard(heard) => self.receive_heard(from, &heard, now),
             m @ (Message::Overrides(_) | Message::OverrideDigest { .. }) => {
                 self.receive_overrides(from, m, now, store);
             }
@@ -245,12 +248,45 @@ impl Cluster {
         }
     }
 
-    fn merge_batch(&mut self, batch: &DeltaBatch, now: Millis, store: &mut dyn KeyStates) {
-        for k in &batch.keys {
+    /// Merges a batch from `from`; with `relay`, keeps what it merged to relay to
+    /// region-mates if `from` is of another region and this node gossips by regions.
+    fn merge_batch(
+        &mut self,
+        from: NodeIdx,
+        batch: DeltaBatch,
+        relay: bool,
+        now: Millis,
+        store: &mut dyn KeyStates,
+    ) {
+        let relay = relay && self.relays_from(from);
+        for k in batch.keys {
             // An identity longer than any node stores is refused before it is even looked up.
             if k.id.len() > MAX_ID_BYTES || store.merge(&k.id, &k.state, now).is_err() {
                 self.refused += 1;
+            } else if relay {
+                self.gateways.relay.push(k);
             }
         }
+    }
+
+    /// The latest of this node's batches `from` acknowledged. With regional gossip, a node
+    /// of another region that never did (a new gateway) is taken to have what its region
+    /// acknowledged (its gateways relay what they receive to it).
+    fn acked_by(&self, from: NodeIdx) -> Millis {
+        let own = self.peer[usize::from(from.0)].acked_ms;
+        let replicas = &self.cfg.replicas;
+        let region = replicas.region_of(from);
+        if own > 0
+            || self.cfg.topology == Topology::Mesh
+            || region == replicas.region_of(self.cfg.me)
+        {
+            return own;
+        }
+        replicas
+            .region_nodes(region)
+            .iter()
+            .map(|n| self.peer[usize::from(n.0)].acked_ms)
+            .max()
+            .unwrap_or(0)
     }
 }

@@ -214,6 +214,32 @@ pub struct ClusterSection {
     /// (they decode nothing newer). For a rolling upgrade (docs/operations.md, "Upgrading").
     #[serde(default)]
     pub wire_version: Option<u8>,
+    /// Who a node gossips with every interval: `mesh` (every node, the default) or `regions`
+    /// (region-mates and one node per other region, which relays: messages per node grow
+    /// with regions plus region-mates, not with all nodes; docs/replication.md, "Gossip
+    /// topology").
+    #[serde(default)]
+    pub gossip_topology: GossipTopology,
+}
+
+/// `[cluster] gossip_topology`: who a node gossips with every interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GossipTopology {
+    /// Every node, every interval.
+    #[default]
+    Mesh,
+    /// Region-mates, plus one gateway per other region that relays to its region.
+    Regions,
+}
+
+impl From<GossipTopology> for levee_cluster::Topology {
+    fn from(t: GossipTopology) -> levee_cluster::Topology {
+        match t {
+            GossipTopology::Mesh => levee_cluster::Topology::Mesh,
+            GossipTopology::Regions => levee_cluster::Topology::Regions,
+        }
+    }
 }
 
 fn default_gossip_interval() -> HumanDuration {

@@ -162,6 +162,7 @@ impl Replication {
                 anti_entropy_interval: ANTI_ENTROPY_INTERVAL,
                 forward_timeout: suspect_after.min(FORWARD_TIMEOUT_MAX),
                 tick_phase: 0,
+                topology: cluster_cfg.gossip_topology.into(),
             },
             now,
         );

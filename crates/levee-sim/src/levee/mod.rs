@@ -244,6 +244,7 @@ impl<'p> Driver<'p> {
             anti_entropy_interval: p.anti_entropy_interval,
             forward_timeout: p.suspect_after.min(FORWARD_TIMEOUT_MAX),
             tick_phase: (self.phase[me] + g - self.now % g) % g,
+            topology: p.gossip,
         }
     }
 

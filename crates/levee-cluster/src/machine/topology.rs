@@ -1,0 +1,221 @@
+//! Who talks to whom every gossip interval: every peer ([`Topology::Mesh`]), or region-mates
+//! plus one gateway per other region ([`Topology::Regions`]), with what a gateway hears
+//! relayed to its region-mates.
+//!
+//! With regional gossip a node sends its deltas and heartbeats to
+//!
+//! * every node of its own region (so a node that takes a key over already has its state);
+//! * one node of each other region, its *gateway* there: by default the node at its own
+//!   position in its region modulo the other region's size, kept while it is heard, replaced
+//!   by the next reachable one (or, if none is, tried in turn, one per `suspect_after`) when
+//!   it is not;
+//! * every node of another region that chose it as its gateway (that sent it a
+//!   [`Message::Heard`] within `suspect_after`).
+//!
+//! A gateway relays to its region-mates, with its own deltas at the end of its interval, the
+//! entries it merged from other regions' deltas (as they came), and tells them every `suspect_after / 4` which nodes it
+//! hears directly ([`Message::Heard`]): every node knows every node's liveness without
+//! talking to it. A node's messages per interval grow with its region's size plus the number
+//! of regions, not with the number of nodes: `(n − 1) + (R − 1)` links, plus the nodes that
+//! chose it (about `R − 1` when regions have equal sizes), against `N − 1` for the mesh.
+
+use levee_core::{Millis, NodeIdx, RegionIdx};
+use levee_proto::{HeardEntry, KeyEntry, Message};
+
+use super::Cluster;
+
+/// Who a node gossips with every interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Topology {
+    /// Every node sends every other node its deltas and a heartbeat every interval:
+    /// `N − 1` messages per node and interval.
+    #[default]
+    Mesh,
+    /// Region-mates, plus one gateway per other region that relays to its own region-mates:
+    /// `(n − 1) + (R − 1)` links per node (see the module's documentation).
+    Regions,
+}
+
+/// Per other region, the node chosen as gateway there and when it was chosen.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Gateways {
+    chosen: Vec<Option<(NodeIdx, Millis)>>,
+    /// When each remote node last said it chose this node (a [`Message::Heard`] from it).
+    chose_me: Vec<Option<Millis>>,
+    /// When region-mates and gateways were last told what this node hears.
+    next_heard: Millis,
+    /// Entries merged from another region's deltas since the last interval, as received:
+    /// relayed to region-mates with this node's own deltas (bounded by what arrives in an
+    /// interval; the frames that brought them are bounded).
+    pub(super) relay: Vec<KeyEntry>,
+    /// The peers gossiped with at the last interval's end (or flush).
+    pub(super) links: Vec<NodeIdx>,
+}
+
+impl Cluster {
+    /// The peers this node sends its deltas and heartbeats to this interval (remembered for
+    /// [`Cluster::acknowledged_since`]).
+    pub(super) fn links(&mut self, now: Millis) -> Vec<NodeIdx> {
+        let links = self.choose_links(now);
+        self.gateways.links.clone_from(&links);
+        links
+    }
+
+    fn choose_links(&mut self, now: Millis) -> Vec<NodeIdx> {
+        let peers = self.peers();
+        if self.cfg.topology == Topology::Mesh {
+            return peers;
+        }
+        let replicas = &self.cfg.replicas;
+        let mine = replicas.region_of(self.cfg.me);
+        let mut out: Vec<NodeIdx> = peers
+            .iter()
+            .copied()
+            .filter(|&p| {
+                replicas.region_of(p) == mine
+                    || self
+                        .gateways
+                        .chose_me
+                        .get(usize::from(p.0))
+                        .is_some_and(|t| {
+                            t.is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after)
+                        })
+            })
+            .collect();
+        let regions: Vec<RegionIdx> = replicas.regions().filter(|&r| r != mine).collect();
+        for r in regions {
+            if let Some(g) = self.gateway(r, now) {
+                out.push(g);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// This node's gateway in region `r` (see the module's documentation), if it has live
+    /// nodes.
+    fn gateway(&mut self, r: RegionIdx, now: Millis) -> Option<NodeIdx> {
+        let replicas = &self.cfg.replicas;
+        let me = self.cfg.me;
+        let live = |n: &&NodeIdx| !replicas.is_removed(**n);
+        let candidates: Vec<NodeIdx> = replicas
+            .region_nodes(r)
+            .iter()
+            .filter(live)
+            .copied()
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let mine: Vec<NodeIdx> = replicas
+            .region_nodes(replicas.region_of(me))
+            .iter()
+            .filter(live)
+            .copied()
+            .collect();
+        let my_pos = mine.iter().position(|&n| n == me).unwrap_or(0);
+        let ri = usize::from(r.0);
+        if self.gateways.chosen.len() <= ri {
+            self.gateways.chosen.resize(ri + 1, None);
+        }
+        let m = &self.membership;
+        let current = self.gateways.chosen[ri].filter(|(g, _)| candidates.contains(g));
+        if let Some((g, at)) = current
+            && (m.hears_directly(g) || now.saturating_sub(at) <= self.cfg.suspect_after)
+        {
+            return Some(g);
+        }
+        // The first live one from this node's own position on, else (nobody known to be
+        // alive: a partition, a region starting) the one after the current one: each is
+        // tried for `suspect_after`.
+        let start = my_pos % candidates.len();
+        let ring = (0..candidates.len()).map(|k| candidates[(start + k) % candidates.len()]);
+        let alive = ring.clone().find(|&n| m.is_reachable(n));
+        let next = alive.unwrap_or_else(|| match current {
+            Some((g, _)) => {
+                let at = candidates.iter().position(|&n| n == g).unwrap_or(0);
+                candidates[(at + 1) % candidates.len()]
+            }
+            None => candidates[start],
+        });
+        self.gateways.chosen[ri] = Some((next, now));
+        Some(next)
+    }
+
+    /// Every `suspect_after / 4`: tells region-mates and this node's gateways which nodes it
+    /// hears directly (a gateway learns from it that it was chosen).
+    pub(super) fn send_heard(&mut self, links: &[NodeIdx], now: Millis) {
+        if self.cfg.topology == Topology::Mesh || now < self.gateways.next_heard {
+            return;
+        }
+        self.gateways.next_heard = now + (self.cfg.suspect_after / 4).max(self.cfg.gossip_interval);
+        let m = &self.membership;
+        let heard: Vec<HeardEntry> = self
+            .peers()
+            .into_iter()
+            .filter(|&p| m.hears_directly(p))
+            .filter_map(|p| {
+                let at = m.last_heard_directly(p)?;
+                Some(HeardEntry {
+                    node: p.0,
+                    age_ms: u32::try_from(now.saturating_sub(at)).unwrap_or(u32::MAX),
+                })
+            })
+            .collect();
+        let mine = self.cfg.replicas.region_of(self.cfg.me);
+        let chosen: Vec<NodeIdx> = self
+            .gateways
+            .chosen
+            .iter()
+            .flatten()
+            .map(|&(g, _)| g)
+            .collect();
+        for &p in links {
+            if self.cfg.replicas.region_of(p) == mine || chosen.contains(&p) {
+                self.send(p, Message::Heard(heard.clone()), now);
+            }
+        }
+    }
+
+    /// A [`Message::Heard`] from `from`: the nodes it names are alive as of then, and a node
+    /// of another region that sends one chose this node as its gateway.
+    pub(super) fn receive_heard(&mut self, from: NodeIdx, heard: &[HeardEntry], now: Millis) {
+        if heard.len() > levee_core::MAX_NODES {
+            self.refused += 1;
+            return;
+        }
+        let replicas = &self.cfg.replicas;
+        if replicas.region_of(from) != replicas.region_of(self.cfg.me) {
+            let i = usize::from(from.0);
+            if self.gateways.chose_me.len() <= i {
+                self.gateways.chose_me.resize(i + 1, None);
+            }
+            self.gateways.chose_me[i] = Some(now);
+        }
+        let n = replicas.len();
+        let mut changes = Vec::new();
+        for e in heard {
+            let node = NodeIdx(e.node);
+            if usize::from(e.node) >= n || node == from {
+                continue;
+            }
+            let at = now.saturating_sub(Millis::from(e.age_ms));
+            changes.extend(self.membership.heard_via(node, at, now));
+        }
+        self.apply(changes);
+    }
+
+    /// Whether what `from` sends is relayed to this node's region-mates: with regional
+    /// gossip, when `from` is of another region.
+    pub(super) fn relays_from(&self, from: NodeIdx) -> bool {
+        let replicas = &self.cfg.replicas;
+        self.cfg.topology == Topology::Regions
+            && replicas.region_of(from) != replicas.region_of(self.cfg.me)
+    }
+
+    /// The entries merged from other regions since the last interval, to relay.
+    pub(super) fn take_relay(&mut self) -> Vec<KeyEntry> {
+        std::mem::take(&mut self.gateways.relay)
+    }
+}
