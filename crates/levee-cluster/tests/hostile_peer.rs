@@ -271,3 +271,32 @@ fn repeated_bucket_requests_queue_each_key_once() {
     });
     assert_eq!(node.cluster.refused() - before, 1);
 }
+
+/// A `Heard` naming more nodes than a cluster can have is refused whole and counted; one that
+/// names nodes outside the list, the receiver itself or news older than `suspect_after`
+/// changes nothing.
+#[test]
+fn a_hostile_heard_is_refused_or_ignored() {
+    use levee_proto::HeardEntry;
+    let mut node = Node::new();
+    let before = node.cluster.refused();
+    let entry = |node: u16, age_ms: u32| HeardEntry { node, age_ms };
+    node.receive(Message::Heard {
+        gateway: true,
+        nodes: vec![entry(1, 0); levee_core::MAX_NODES + 1],
+    });
+    assert_eq!(node.cluster.refused() - before, 1);
+    // Only eu-1 (0, this node) and us-1 (1, the sender) exist: nothing to learn, nothing
+    // refused, and the node keeps running.
+    node.receive(Message::Heard {
+        gateway: false,
+        nodes: vec![
+            entry(0, 0),
+            entry(1, 0),
+            entry(7, 0),
+            entry(u16::MAX, u32::MAX),
+        ],
+    });
+    assert_eq!(node.cluster.refused() - before, 1);
+    node.drain();
+}

@@ -330,16 +330,19 @@ mod tests {
                 },
             ]),
             Message::OverrideDigest { hash: u64::MAX },
-            Message::Heard(vec![
-                HeardEntry {
-                    node: 3,
-                    age_ms: 20,
-                },
-                HeardEntry {
-                    node: 255,
-                    age_ms: u32::MAX,
-                },
-            ]),
+            Message::Heard {
+                gateway: true,
+                nodes: vec![
+                    HeardEntry {
+                        node: 3,
+                        age_ms: 20,
+                    },
+                    HeardEntry {
+                        node: 255,
+                        age_ms: u32::MAX,
+                    },
+                ],
+            },
         ] {
             let frame = encode_frame(&msg).unwrap();
             assert_eq!(decode_frame(&frame).unwrap(), msg);
@@ -505,7 +508,10 @@ mod tests {
         for newer in [
             Message::OverrideDigest { hash: 1 },
             Message::Overrides(Vec::new()),
-            Message::Heard(Vec::new()),
+            Message::Heard {
+                gateway: false,
+                nodes: Vec::new(),
+            },
         ] {
             assert_eq!(encode_frame_as(1, &newer).unwrap(), None, "{newer:?}");
             assert!(encode_frame_as(VERSION, &newer).unwrap().is_some());

@@ -315,13 +315,17 @@ pub enum Message {
         /// receiver answers with its own.
         reply: bool,
     },
-    /// The nodes of other regions the sender hears directly, each with how long ago it last
-    /// heard it (ms), to its region-mates: with regional gossip
-    /// (`levee_cluster::Topology::Regions`) a node talks to one node per other region, and
-    /// learns from its region-mates that the rest are alive. At most
+    /// With regional gossip (`levee_cluster::Topology::Regions`), to the peers the sender
+    /// gossips with: the nodes it hears directly, each with how long ago it last heard it,
+    /// so that every node knows every node's liveness without talking to it. At most
     /// `levee_core::MAX_NODES` entries. Added at the end: versions before it decode every
     /// other message as before, and refuse this one as unknown.
-    Heard(Vec<HeardEntry>),
+    Heard {
+        /// The sender chose the receiver as its gateway to the receiver's region.
+        gateway: bool,
+        /// The nodes the sender hears directly.
+        nodes: Vec<HeardEntry>,
+    },
 }
 
 /// One node heard directly by the sender of a [`Message::Heard`].

@@ -231,7 +231,7 @@ pub(crate) fn encode_payload_v1(msg: &Message) -> Result<Option<Vec<u8>>, Encode
         Message::Overrides(_)
         | Message::OverrideDigest { .. }
         | Message::Membership { .. }
-        | Message::Heard(_) => {
+        | Message::Heard { .. } => {
             return Ok(None);
         }
     };

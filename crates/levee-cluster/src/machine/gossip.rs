@@ -71,7 +71,6 @@ impl Cluster {
         let peers = self.links(now);
         let sent_ids = self.send_deltas(&peers, now, store);
         self.remember_sent(&sent_ids, now);
-        self.send_heard(&peers, now);
         for &p in &peers {
             self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
             self.pump(p, now, store);
@@ -85,6 +84,8 @@ impl Cluster {
                 self.send(p, Message::Deltas(batch(now, vec![])), now);
             }
         }
+        // After the batches: a `Heard` is no batch (it acknowledges nothing).
+        self.send_heard(&peers, now);
         self.anti_entropy(&peers, now, store);
         self.gossip_overrides(now, store);
         let peers = self.peers();
@@ -170,7 +171,7 @@ impl Cluster {
                 break;
             }
         }
-        let relay = self.take_relay();
+        let relay = self.take_relay(now);
         let mut sent_ids: Vec<Vec<u8>> = own
             .iter()
             .chain(std::iter::once(&relay))

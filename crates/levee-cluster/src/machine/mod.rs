@@ -65,7 +65,8 @@ pub struct PeerStatus {
     /// Milliseconds since last heard from.
     pub last_heard_ms_ago: Option<Millis>,
     /// Milliseconds since we sent the latest batch the peer says it has received (about
-    /// one round trip plus an interval when it keeps up); `None` before its first ack.
+    /// one round trip plus an interval when it keeps up); `None` before its first ack, and
+    /// for a peer this node does not gossip with (regional gossip).
     pub ack_lag_ms: Option<Millis>,
     /// Keys of full states (pulls, anti-entropy, catch-ups) waiting to be sent to it.
     pub backlog_keys: usize,
@@ -478,7 +479,9 @@ impl Cluster {
                         .membership
                         .last_heard(node)
                         .map(|t| now.saturating_sub(t)),
-                    ack_lag_ms: (p.acked_ms > 0).then(|| now.saturating_sub(p.acked_ms)),
+                    // Only a peer this node gossips with acknowledges it (regional gossip).
+                    ack_lag_ms: (p.acked_ms > 0 && self.gateways.links.contains(&node))
+                        .then(|| now.saturating_sub(p.acked_ms)),
                     backlog_keys: p.backlog_keys(),
                     state: self.lists.state(node),
                 }

@@ -86,7 +86,10 @@ impl Cluster {
                     self.send_list(from, now);
                 }
             }
-            Message::Deltas(batch) => self.merge_batch(from, batch, true, now, store),
+            Message::Deltas(batch) => {
+                self.note_batch(from, now);
+                self.merge_batch(from, batch, true, now, store);
+            }
             // A recovering node sends what it has but cannot vouch that it is complete.
             // The list first: a node that starts must be bounded by the lists in play before
             // the state it pulls makes it synced (see `PullChunk`).
@@ -162,7 +165,7 @@ impl Cluster {
                 self.events
                     .push_back(Event::ForwardReceived { from, id, checks });
             }
-            Message::Heard(heard) => self.receive_heard(from, &heard, now),
+            Message::Heard { gateway, nodes } => self.receive_heard(from, gateway, &nodes, now),
             m @ (Message::Overrides(_) | Message::OverrideDigest { .. }) => {
                 self.receive_overrides(from, m, now, store);
             }
@@ -264,7 +267,7 @@ impl Cluster {
             if k.id.len() > MAX_ID_BYTES || store.merge(&k.id, &k.state, now).is_err() {
                 self.refused += 1;
             } else if relay {
-                self.gateways.relay.push(k);
+                self.gateways.relay.push((from, k));
             }
         }
     }

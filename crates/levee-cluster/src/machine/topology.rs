@@ -23,6 +23,7 @@ use levee_core::{Millis, NodeIdx, RegionIdx};
 use levee_proto::{HeardEntry, KeyEntry, Message};
 
 use super::Cluster;
+use crate::peer::batch;
 
 /// Who a node gossips with every interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,14 +41,23 @@ pub enum Topology {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Gateways {
     chosen: Vec<Option<(NodeIdx, Millis)>>,
-    /// When each remote node last said it chose this node (a [`Message::Heard`] from it).
+    /// When each remote node last said it chose this node (a [`Message::Heard`] from it
+    /// with `gateway`).
     chose_me: Vec<Option<Millis>>,
+    /// When each node last sent this node any [`Message::Heard`]: it gossips by regions. A
+    /// node of another region that sends deltas but no `Heard` gossips as a mesh, and is
+    /// answered as a mesh node would.
+    regional: Vec<Option<Millis>>,
+    /// When each node last sent this node a `Deltas` batch (a mesh node sends one every
+    /// interval; a regional node only to the peers it gossips with).
+    batches: Vec<Option<Millis>>,
     /// When region-mates and gateways were last told what this node hears.
     next_heard: Millis,
-    /// Entries merged from another region's deltas since the last interval, as received:
-    /// relayed to region-mates with this node's own deltas (bounded by what arrives in an
-    /// interval; the frames that brought them are bounded).
-    pub(super) relay: Vec<KeyEntry>,
+    /// Entries merged from another region's deltas since the last interval, as received,
+    /// with their sender: relayed to region-mates with this node's own deltas if the sender
+    /// gossips by regions (bounded by what arrives in an interval; the frames that brought
+    /// them are bounded).
+    pub(super) relay: Vec<(NodeIdx, KeyEntry)>,
     /// The peers gossiped with at the last interval's end (or flush).
     pub(super) links: Vec<NodeIdx>,
 }
@@ -68,18 +78,20 @@ impl Cluster {
         }
         let replicas = &self.cfg.replicas;
         let mine = replicas.region_of(self.cfg.me);
+        let fresh = |v: &Vec<Option<Millis>>, p: NodeIdx| {
+            v.get(usize::from(p.0))
+                .copied()
+                .flatten()
+                .is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after)
+        };
+        let g = &self.gateways;
         let mut out: Vec<NodeIdx> = peers
             .iter()
             .copied()
             .filter(|&p| {
                 replicas.region_of(p) == mine
-                    || self
-                        .gateways
-                        .chose_me
-                        .get(usize::from(p.0))
-                        .is_some_and(|t| {
-                            t.is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after)
-                        })
+                    || fresh(&g.chose_me, p)
+                    || (fresh(&g.batches, p) && !fresh(&g.regional, p))
             })
             .collect();
         let regions: Vec<RegionIdx> = replicas.regions().filter(|&r| r != mine).collect();
@@ -121,17 +133,28 @@ impl Cluster {
         }
         let m = &self.membership;
         let current = self.gateways.chosen[ri].filter(|(g, _)| candidates.contains(g));
+        // Kept while it is heard and acknowledges what it is sent (a link cut one way is no
+        // gateway), or for `suspect_after` after it was chosen, to give it time to answer.
+        let deaf_after = self.deaf_after();
+        let healthy = |g: NodeIdx| {
+            let acked = self.peer[usize::from(g.0)].acked_ms;
+            m.hears_directly(g) && acked > 0 && now.saturating_sub(acked) <= deaf_after
+        };
         if let Some((g, at)) = current
-            && (m.hears_directly(g) || now.saturating_sub(at) <= self.cfg.suspect_after)
+            && (healthy(g) || now.saturating_sub(at) <= self.cfg.suspect_after)
         {
             return Some(g);
         }
-        // The first live one from this node's own position on, else (nobody known to be
-        // alive: a partition, a region starting) the one after the current one: each is
-        // tried for `suspect_after`.
+        // The first live one from this node's own position on other than the current one
+        // (alive by its region-mates' word, yet not answering this node: a link cut one way),
+        // else (nobody known to be alive: a partition, a region starting) the one after the
+        // current one: each is tried for `suspect_after`.
         let start = my_pos % candidates.len();
         let ring = (0..candidates.len()).map(|k| candidates[(start + k) % candidates.len()]);
-        let alive = ring.clone().find(|&n| m.is_reachable(n));
+        let failed = current.map(|(g, _)| g);
+        let alive = ring
+            .clone()
+            .find(|&n| Some(n) != failed && m.is_reachable(n));
         let next = alive.unwrap_or_else(|| match current {
             Some((g, _)) => {
                 let at = candidates.iter().position(|&n| n == g).unwrap_or(0);
@@ -143,15 +166,46 @@ impl Cluster {
         Some(next)
     }
 
-    /// Every `suspect_after / 4`: tells region-mates and this node's gateways which nodes it
-    /// hears directly (a gateway learns from it that it was chosen).
+    /// Every `suspect_after / 4`: tells every peer it gossips with which nodes it hears
+    /// directly (and its gateways that they are; a mesh node, only in a cluster where some
+    /// node gossips by regions); and every interval, a gateway chosen just
+    /// now or that does not acknowledge this node (its word may have been lost: a cut that
+    /// just healed) is told at once.
     pub(super) fn send_heard(&mut self, links: &[NodeIdx], now: Millis) {
-        if self.cfg.topology == Topology::Mesh || now < self.gateways.next_heard {
+        // A mesh node says it only while some peer gossips by regions (a rolling change of
+        // the setting): those peers learn from it who is alive. A mesh cluster sends none.
+        let mixed = self
+            .gateways
+            .regional
+            .iter()
+            .flatten()
+            .any(|&t| now.saturating_sub(t) <= self.cfg.suspect_after);
+        if self.cfg.topology == Topology::Mesh && !mixed {
             return;
         }
-        self.gateways.next_heard = now + (self.cfg.suspect_after / 4).max(self.cfg.gossip_interval);
+        let deaf_after = self.deaf_after();
+        let gateways: Vec<(NodeIdx, Millis)> =
+            self.gateways.chosen.iter().flatten().copied().collect();
+        let everyone = now >= self.gateways.next_heard;
+        let to: Vec<NodeIdx> = if everyone {
+            self.gateways.next_heard =
+                now + (self.cfg.suspect_after / 4).max(self.cfg.gossip_interval);
+            links.to_vec()
+        } else {
+            gateways
+                .iter()
+                .filter(|&&(g, at)| {
+                    let acked = self.peer[usize::from(g.0)].acked_ms;
+                    at == now || now.saturating_sub(acked) > deaf_after
+                })
+                .map(|&(g, _)| g)
+                .collect()
+        };
+        if to.is_empty() {
+            return;
+        }
         let m = &self.membership;
-        let heard: Vec<HeardEntry> = self
+        let nodes: Vec<HeardEntry> = self
             .peers()
             .into_iter()
             .filter(|&p| m.hears_directly(p))
@@ -163,37 +217,50 @@ impl Cluster {
                 })
             })
             .collect();
-        let mine = self.cfg.replicas.region_of(self.cfg.me);
-        let chosen: Vec<NodeIdx> = self
-            .gateways
-            .chosen
-            .iter()
-            .flatten()
-            .map(|&(g, _)| g)
-            .collect();
-        for &p in links {
-            if self.cfg.replicas.region_of(p) == mine || chosen.contains(&p) {
-                self.send(p, Message::Heard(heard.clone()), now);
-            }
+        for p in to {
+            let gateway = gateways.iter().any(|&(g, _)| g == p);
+            let msg = Message::Heard {
+                gateway,
+                nodes: nodes.clone(),
+            };
+            self.send(p, msg, now);
         }
     }
 
-    /// A [`Message::Heard`] from `from`: the nodes it names are alive as of then, and a node
-    /// of another region that sends one chose this node as its gateway.
-    pub(super) fn receive_heard(&mut self, from: NodeIdx, heard: &[HeardEntry], now: Millis) {
+    /// A [`Message::Heard`] from `from`: the nodes it names are alive as of then, `from`
+    /// gossips by regions, and with `gateway` it chose this node as its gateway.
+    pub(super) fn receive_heard(
+        &mut self,
+        from: NodeIdx,
+        gateway: bool,
+        heard: &[HeardEntry],
+        now: Millis,
+    ) {
         if heard.len() > levee_core::MAX_NODES {
             self.refused += 1;
             return;
         }
+        let i = usize::from(from.0);
+        if self.gateways.regional.len() <= i {
+            self.gateways.regional.resize(i + 1, None);
+        }
+        self.gateways.regional[i] = Some(now);
         let replicas = &self.cfg.replicas;
-        if replicas.region_of(from) != replicas.region_of(self.cfg.me) {
-            let i = usize::from(from.0);
+        let remote = replicas.region_of(from) != replicas.region_of(self.cfg.me);
+        let n = replicas.len();
+        if remote && gateway {
             if self.gateways.chose_me.len() <= i {
                 self.gateways.chose_me.resize(i + 1, None);
             }
+            let linked = self.gateways.chose_me[i]
+                .is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after);
             self.gateways.chose_me[i] = Some(now);
+            if !linked {
+                // Newly chosen (or chosen again after a cut): answer at once, so that it
+                // sees what this node has received from it and pushes what it missed.
+                self.send(from, Message::Deltas(batch(now, Vec::new())), now);
+            }
         }
-        let n = replicas.len();
         let mut changes = Vec::new();
         for e in heard {
             let node = NodeIdx(e.node);
@@ -206,16 +273,40 @@ impl Cluster {
         self.apply(changes);
     }
 
-    /// Whether what `from` sends is relayed to this node's region-mates: with regional
-    /// gossip, when `from` is of another region.
+    /// Whether what `from` sends may need relaying to this node's region-mates: with
+    /// regional gossip, when `from` is of another region.
     pub(super) fn relays_from(&self, from: NodeIdx) -> bool {
         let replicas = &self.cfg.replicas;
         self.cfg.topology == Topology::Regions
             && replicas.region_of(from) != replicas.region_of(self.cfg.me)
     }
 
-    /// The entries merged from other regions since the last interval, to relay.
-    pub(super) fn take_relay(&mut self) -> Vec<KeyEntry> {
-        std::mem::take(&mut self.gateways.relay)
+    /// `from` sent this node a `Deltas` batch now.
+    pub(super) fn note_batch(&mut self, from: NodeIdx, now: Millis) {
+        let i = usize::from(from.0);
+        if self.gateways.batches.len() <= i {
+            self.gateways.batches.resize(i + 1, None);
+        }
+        self.gateways.batches[i] = Some(now);
+    }
+
+    /// The entries merged from other regions since the last interval, to relay: those of
+    /// senders that gossip by regions (a `Heard` from them within `suspect_after`, which may
+    /// have come just after their batch); a mesh node sends every node its deltas itself.
+    pub(super) fn take_relay(&mut self, now: Millis) -> Vec<KeyEntry> {
+        let g = &mut self.gateways;
+        let regional = &g.regional;
+        let suspect_after = self.cfg.suspect_after;
+        std::mem::take(&mut g.relay)
+            .into_iter()
+            .filter(|(from, _)| {
+                regional
+                    .get(usize::from(from.0))
+                    .copied()
+                    .flatten()
+                    .is_some_and(|t| now.saturating_sub(t) <= suspect_after)
+            })
+            .map(|(_, k)| k)
+            .collect()
     }
 }

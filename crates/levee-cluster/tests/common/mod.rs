@@ -61,9 +61,20 @@ impl Net {
 
     /// A cluster whose nodes gossip by `topology`.
     pub(crate) fn with(replicas: ReplicaSet, rule: levee_core::Rule, topology: Topology) -> Net {
+        let all = vec![topology; replicas.len()];
+        Net::mixed(replicas, rule, &all)
+    }
+
+    /// A cluster whose node `i` gossips by `topologies[i]`.
+    pub(crate) fn mixed(
+        replicas: ReplicaSet,
+        rule: levee_core::Rule,
+        topologies: &[Topology],
+    ) -> Net {
         let nodes = replicas
             .nodes()
             .map(|me| {
+                let topology = topologies[usize::from(me.0)];
                 let cfg = ClusterConfig {
                     me,
                     replicas: replicas.clone(),
@@ -114,7 +125,7 @@ impl Net {
             while let Some(out) = self.nodes[from].0.poll_transmit() {
                 self.sent += 1;
                 let to = usize::from(out.to.0);
-                if matches!(out.msg, Message::Deltas(_) | Message::Heard(_)) {
+                if matches!(out.msg, Message::Deltas(_) | Message::Heard { .. }) {
                     self.gossip_log.push((self.now(), from, to));
                 }
                 let lost_answer = matches!(out.msg, Message::PullChunk { .. })
