@@ -38,6 +38,7 @@
 //! | `recent.rs` | the keys sent recently, for catch-ups after a silence |
 //! | `forward.rs` | forwarded batches waiting for their owner's answer |
 //! | `digest.rs` | the anti-entropy digest: buckets, fingerprints |
+//! | `machine/topology.rs` | [`Topology`]: whom a node gossips with; gateways, relays, `Heard` |
 //! | `membership.rs` | failure detection: who is reachable |
 //! | `lists.rs` | live membership: the lists in play and the shares spent while they differ |
 //! | `ring.rs` | consistent hashing of keys to owners inside a region |
@@ -47,8 +48,9 @@
 //! ## What it guarantees
 //!
 //! Deltas carry absolute values of the sender's own entries, so loss, duplication and
-//! reordering are harmless and any later delta repairs an earlier loss. Every peer hears from
-//! every node every `gossip_interval` (an empty batch if nothing changed), and every batch
+//! reordering are harmless and any later delta repairs an earlier loss. Every peer a node
+//! gossips with ([`Topology`]: every peer, or region-mates and one gateway per other region)
+//! hears from it every `gossip_interval` (an empty batch if nothing changed), and every batch
 //! acknowledges the latest batch received from its destination (`ack_ms`). A node pushes a
 //! peer the keys it sent since the peer's last acknowledgement as soon as the peer is heard
 //! again, or hears us again (its acknowledgements jump), and while the peer does not hear us
@@ -59,8 +61,8 @@
 //! every `anti_entropy_interval` a node sends one peer that keeps up (round robin) a digest
 //! of its keys in 256 buckets, which the store keeps incrementally ([`Fingerprints`]); the
 //! peer pushes its keys of up to [`MAX_REPAIR_BUCKETS`] buckets that differ and asks for the
-//! sender's. Every node gossips every key to every other node, so every node's view of a key
-//! converges, not only the owners'. A forwarded batch is answered by its owner or, after
+//! sender's. Every key reaches every node (directly, or relayed by a gateway of the node's
+//! region), so every node's view of a key converges, not only the owners'. A forwarded batch is answered by its owner or, after
 //! `forward_timeout`, reported failed: a check never waits longer than that for another node.
 
 mod digest;
