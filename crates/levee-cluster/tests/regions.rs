@@ -41,6 +41,24 @@ fn agree(net: &Net, key: &str) -> bool {
             .all(|(_, s)| s.state("r", key).cloned() == first)
 }
 
+/// `checks` decisions of `key`, in turn at its owner in each region (admitted), then waits
+/// (up to 2 s) until every node holds the same state of it.
+fn decide_in_every_region_until_agreed(net: &mut Net, key: &str, checks: usize) {
+    let owners: Vec<usize> = [0, 3, 6]
+        .iter()
+        .map(|&n| usize::from(net.nodes[n].0.owner(key.as_bytes()).0))
+        .collect();
+    for i in 0..checks {
+        assert!(net.decide(owners[i % 3], key));
+        net.run(3);
+    }
+    let stopped = net.now();
+    while !agree(net, key) && net.now() < stopped + 2_000 {
+        net.run(1);
+    }
+    assert!(agree(net, key), "every node holds the same state of {key}");
+}
+
 #[test]
 fn each_node_gossips_with_its_region_and_one_node_per_other_region() {
     let mut net = regional();
@@ -79,19 +97,7 @@ fn each_node_gossips_with_its_region_and_one_node_per_other_region() {
 #[test]
 fn decisions_anywhere_reach_every_node_through_the_gateways() {
     let mut net = regional();
-    let owners: Vec<usize> = [0, 3, 6]
-        .iter()
-        .map(|&n| usize::from(net.nodes[n].0.owner(b"acme").0))
-        .collect();
-    for i in 0..45 {
-        assert!(net.decide(owners[i % 3], "acme"));
-        net.run(3);
-    }
-    let stopped = net.now();
-    while !agree(&net, "acme") && net.now() < stopped + 2_000 {
-        net.run(1);
-    }
-    assert!(agree(&net, "acme"), "every node holds the same state");
+    decide_in_every_region_until_agreed(&mut net, "acme", 45);
     for n in [0, 4, 8] {
         let used = net.nodes[n].1.usage("r", "acme", net.now()).unwrap().used;
         assert_eq!(used, 45, "node {n}");
@@ -235,19 +241,7 @@ fn a_cluster_half_mesh_half_regional_converges_and_hears_everyone() {
         &topologies,
     );
     net.start();
-    let owners: Vec<usize> = [0, 3, 6]
-        .iter()
-        .map(|&n| usize::from(net.nodes[n].0.owner(b"both").0))
-        .collect();
-    for i in 0..30 {
-        assert!(net.decide(owners[i % 3], "both"));
-        net.run(3);
-    }
-    let stopped = net.now();
-    while !agree(&net, "both") && net.now() < stopped + 1_000 {
-        net.run(1);
-    }
-    assert!(agree(&net, "both"), "every node holds the same state");
+    decide_in_every_region_until_agreed(&mut net, "both", 30);
     // Liveness news needs a round of `Heard` (every `suspect_after / 4`).
     net.run(300);
     for (i, (cluster, _)) in net.nodes.iter().enumerate() {

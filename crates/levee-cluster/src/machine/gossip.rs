@@ -24,14 +24,30 @@ impl Cluster {
     pub(super) fn remember_sent(&mut self, ids: &[Vec<u8>], now: Millis) {
         let margin = 2 * self.cfg.gossip_interval;
         let (peer, links) = (&self.peer, &self.gateways.links);
+        let (replicas, me) = (&self.cfg.replicas, self.cfg.me);
+        let regional = self.cfg.topology == super::Topology::Regions;
         // Keep what the least up-to-date peer gossiped with may need again (bounded by
-        // MAX_RECENT_KEYS: a peer that missed more gets everything when it is heard again).
+        // MAX_RECENT_KEYS: a peer that missed more gets everything when it is heard again);
+        // with regional gossip, what the least up-to-date other region has (the best
+        // acknowledgement among its nodes: gateways change, a region does not).
         let keep_from = || {
-            links
-                .iter()
-                .map(|l| &peer[usize::from(l.0)])
-                .filter(|p| p.acked_ms > 0)
-                .map(|p| p.acked_ms.saturating_sub(margin))
+            let acked = |n: &NodeIdx| peer[usize::from(n.0)].acked_ms;
+            let mates_and_links = links.iter().map(acked);
+            let regions = replicas
+                .regions()
+                .filter(|&r| regional && r != replicas.region_of(me))
+                .map(|r| {
+                    replicas
+                        .region_nodes(r)
+                        .iter()
+                        .map(acked)
+                        .max()
+                        .unwrap_or(0)
+                });
+            mates_and_links
+                .chain(regions)
+                .filter(|&a| a > 0)
+                .map(|a| a.saturating_sub(margin))
                 .min()
                 .unwrap_or(now)
         };

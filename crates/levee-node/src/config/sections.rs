@@ -296,3 +296,32 @@ mod dial_addr {
         DialAddr::parse(&text).map_err(serde::de::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::GossipTopology;
+
+    #[test]
+    fn gossip_topology_is_mesh_unless_set_and_a_bad_value_names_its_line_and_field() {
+        let base = "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n";
+        let node = "[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
+        let topology = |text: &str| {
+            Config::parse(text, "t.toml")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .cluster
+                .map(|c| c.gossip_topology)
+        };
+        assert_eq!(
+            topology(&format!("{base}{node}")),
+            Some(GossipTopology::Mesh)
+        );
+        let regions = format!("{base}gossip_topology = \"regions\"\n{node}");
+        assert_eq!(topology(&regions), Some(GossipTopology::Regions));
+        let bad = format!("{base}gossip_topology = \"ring\"\n{node}");
+        let e = Config::parse(&bad, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.to_string().contains("cluster.gossip_topology"), "{e}");
+        assert!(e.to_string().contains("`mesh` or `regions`"), "{e}");
+    }
+}
