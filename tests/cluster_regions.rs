@@ -13,7 +13,7 @@ mod harness;
 use std::time::Duration;
 
 use levee_blackbox::cluster::reachable_of;
-use levee_blackbox::metric;
+use levee_blackbox::{metric, wait_until};
 
 use harness::*;
 
@@ -67,42 +67,47 @@ fn regional_gossip_converges_hears_everyone_and_talks_to_fewer_peers() {
     }
     // Over one second: every node sends every interval (20 ms) to both region-mates; across
     // regions, only chosen pairs are busy (the others get the occasional membership list).
-    let before: Vec<_> = all.iter().map(|&i| frames_sent(&c, i)).collect();
-    std::thread::sleep(Duration::from_secs(1));
+    // Right after the start a pair can be busy for a second more than that (a node answers
+    // for `suspect_after` a peer it has not yet heard say it gossips by regions, or a gateway
+    // just replaced): measured until it settles, at most 8 s.
     let region_of = |id: &str| id[..2].to_owned();
-    let mut across = std::collections::BTreeSet::new();
-    for (i, was) in before.iter().enumerate() {
-        let me = c.id(i).to_owned();
-        let busy: Vec<String> = frames_sent(&c, i)
-            .into_iter()
-            .zip(was)
-            .filter(|((_, n), (_, b))| n - b >= 25.0)
-            .map(|((id, _), _)| id)
-            .collect();
-        let mates = busy
-            .iter()
-            .filter(|b| region_of(b) == region_of(&me))
-            .count();
-        assert_eq!(mates, 2, "{me} gossips with both region-mates: {busy:?}");
-        let remote: Vec<&String> = busy
-            .iter()
-            .filter(|b| region_of(b) != region_of(&me))
-            .collect();
-        assert!(
-            !remote.is_empty(),
-            "{me} gossips with the other region: {busy:?}"
-        );
-        for r in remote {
-            let pair = if me < *r {
-                (me.clone(), r.clone())
-            } else {
-                (r.clone(), me.clone())
-            };
-            across.insert(pair);
+    let mut last = (Vec::new(), std::collections::BTreeSet::new());
+    let settled = wait_until(Duration::from_secs(8), || {
+        let before: Vec<_> = all.iter().map(|&i| frames_sent(&c, i)).collect();
+        std::thread::sleep(Duration::from_secs(1));
+        let mut busy_all = Vec::new();
+        let mut across = std::collections::BTreeSet::new();
+        for (i, was) in before.iter().enumerate() {
+            let me = c.id(i).to_owned();
+            let busy: Vec<String> = frames_sent(&c, i)
+                .into_iter()
+                .zip(was)
+                .filter(|((_, n), (_, b))| n - b >= 25.0)
+                .map(|((id, _), _)| id)
+                .collect();
+            for r in busy.iter().filter(|b| region_of(b) != region_of(&me)) {
+                let pair = if me < *r {
+                    (me.clone(), r.clone())
+                } else {
+                    (r.clone(), me.clone())
+                };
+                across.insert(pair);
+            }
+            busy_all.push((me, busy));
         }
-    }
+        let ok = busy_all.iter().all(|(me, busy)| {
+            let mates = busy
+                .iter()
+                .filter(|b| region_of(b) == region_of(me))
+                .count();
+            mates == 2 && busy.iter().any(|b| region_of(b) != region_of(me))
+        }) && across.len() <= 6;
+        last = (busy_all, across);
+        ok
+    });
     assert!(
-        across.len() <= 6,
-        "pairs across regions that gossip: {across:?}"
+        settled,
+        "each node gossips with both mates and the other region, and at most 6 pairs across \
+         regions carry gossip: {last:?}"
     );
 }

@@ -69,10 +69,10 @@ struct Cli {
     #[arg(long, default_value = "mesh", value_parser = parse_gossip)]
     gossip: levee_cluster::Topology,
     /// Measure the gossip protocol's cost per node as the cluster grows (regions × nodes,
-    /// e.g. 2x2,5x5,10x10,10x20) under --gossip, with --scale-keys active keys.
+    /// e.g. 2x2,5x5,10x10,10x20), under both topologies, with --scale-keys decisions a second.
     #[arg(long, value_delimiter = ',')]
     gossip_scale: Vec<String>,
-    /// Active keys of --gossip-scale.
+    /// Keys of --gossip-scale, each decided once a second (decisions a second, cluster-wide).
     #[arg(long, default_value_t = 100_000)]
     scale_keys: usize,
 }
