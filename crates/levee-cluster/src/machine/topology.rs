@@ -37,20 +37,49 @@ pub enum Topology {
     Regions,
 }
 
+/// When each node last did something, by node index (grown as nodes are seen).
+#[derive(Debug, Clone, Default)]
+pub(super) struct LastSeen(Vec<Option<Millis>>);
+
+impl LastSeen {
+    /// Records `p` now; returns when it was recorded before.
+    fn set(&mut self, p: NodeIdx, now: Millis) -> Option<Millis> {
+        let i = usize::from(p.0);
+        if self.0.len() <= i {
+            self.0.resize(i + 1, None);
+        }
+        self.0[i].replace(now)
+    }
+
+    /// Whether `p` was recorded within `span` of `now`.
+    fn within(&self, p: NodeIdx, now: Millis, span: Millis) -> bool {
+        let at = self.0.get(usize::from(p.0)).copied().flatten();
+        at.is_some_and(|t| now.saturating_sub(t) <= span)
+    }
+
+    /// Whether any node was recorded within `span` of `now`.
+    fn any_within(&self, now: Millis, span: Millis) -> bool {
+        self.0
+            .iter()
+            .flatten()
+            .any(|&t| now.saturating_sub(t) <= span)
+    }
+}
+
 /// Per other region, the node chosen as gateway there and when it was chosen.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Gateways {
     chosen: Vec<Option<(NodeIdx, Millis)>>,
     /// When each remote node last said it chose this node (a [`Message::Heard`] from it
     /// with `gateway`).
-    chose_me: Vec<Option<Millis>>,
+    chose_me: LastSeen,
     /// When each node last sent this node any [`Message::Heard`]: it gossips by regions. A
     /// node of another region that sends deltas but no `Heard` gossips as a mesh, and is
     /// answered as a mesh node would.
-    regional: Vec<Option<Millis>>,
+    regional: LastSeen,
     /// When each node last sent this node a `Deltas` batch (a mesh node sends one every
     /// interval; a regional node only to the peers it gossips with).
-    batches: Vec<Option<Millis>>,
+    batches: LastSeen,
     /// When region-mates and gateways were last told what this node hears.
     next_heard: Millis,
     /// Entries merged from another region's deltas since the last interval, as received,
@@ -78,12 +107,8 @@ impl Cluster {
         }
         let replicas = &self.cfg.replicas;
         let mine = replicas.region_of(self.cfg.me);
-        let fresh = |v: &Vec<Option<Millis>>, p: NodeIdx| {
-            v.get(usize::from(p.0))
-                .copied()
-                .flatten()
-                .is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after)
-        };
+        let span = self.cfg.suspect_after;
+        let fresh = |v: &LastSeen, p: NodeIdx| v.within(p, now, span);
         let g = &self.gateways;
         let mut out: Vec<NodeIdx> = peers
             .iter()
@@ -177,9 +202,7 @@ impl Cluster {
         let mixed = self
             .gateways
             .regional
-            .iter()
-            .flatten()
-            .any(|&t| now.saturating_sub(t) <= self.cfg.suspect_after);
+            .any_within(now, self.cfg.suspect_after);
         if self.cfg.topology == Topology::Mesh && !mixed {
             return;
         }
@@ -240,21 +263,13 @@ impl Cluster {
             self.refused += 1;
             return;
         }
-        let i = usize::from(from.0);
-        if self.gateways.regional.len() <= i {
-            self.gateways.regional.resize(i + 1, None);
-        }
-        self.gateways.regional[i] = Some(now);
+        self.gateways.regional.set(from, now);
         let replicas = &self.cfg.replicas;
         let remote = replicas.region_of(from) != replicas.region_of(self.cfg.me);
         let n = replicas.len();
         if remote && gateway {
-            if self.gateways.chose_me.len() <= i {
-                self.gateways.chose_me.resize(i + 1, None);
-            }
-            let linked = self.gateways.chose_me[i]
-                .is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after);
-            self.gateways.chose_me[i] = Some(now);
+            let before = self.gateways.chose_me.set(from, now);
+            let linked = before.is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after);
             if !linked {
                 // Newly chosen (or chosen again after a cut): answer at once, so that it
                 // sees what this node has received from it and pushes what it missed.
@@ -283,11 +298,7 @@ impl Cluster {
 
     /// `from` sent this node a `Deltas` batch now.
     pub(super) fn note_batch(&mut self, from: NodeIdx, now: Millis) {
-        let i = usize::from(from.0);
-        if self.gateways.batches.len() <= i {
-            self.gateways.batches.resize(i + 1, None);
-        }
-        self.gateways.batches[i] = Some(now);
+        self.gateways.batches.set(from, now);
     }
 
     /// The entries merged from other regions since the last interval, to relay: those of
@@ -295,17 +306,10 @@ impl Cluster {
     /// have come just after their batch); a mesh node sends every node its deltas itself.
     pub(super) fn take_relay(&mut self, now: Millis) -> Vec<KeyEntry> {
         let g = &mut self.gateways;
-        let regional = &g.regional;
-        let suspect_after = self.cfg.suspect_after;
+        let (regional, span) = (&g.regional, self.cfg.suspect_after);
         std::mem::take(&mut g.relay)
             .into_iter()
-            .filter(|(from, _)| {
-                regional
-                    .get(usize::from(from.0))
-                    .copied()
-                    .flatten()
-                    .is_some_and(|t| now.saturating_sub(t) <= suspect_after)
-            })
+            .filter(|(from, _)| regional.within(*from, now, span))
             .map(|(_, k)| k)
             .collect()
     }
