@@ -468,6 +468,10 @@ fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     if old.cluster_wire_version() != new.cluster_wire_version() {
         return Some("cluster.wire_version");
     }
+    let topology = |c: &Config| c.cluster.as_ref().map(|c| c.gossip_topology);
+    if topology(old) != topology(new) {
+        return Some("cluster.gossip_topology");
+    }
     None
 }
 
