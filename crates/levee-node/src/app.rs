@@ -351,27 +351,45 @@ impl App {
         }
     }
 
+    /// The part of [`App::check`] that needs no other node: the check decided here when this
+    /// node owns its key, runs alone, or decides it from an allow or deny list (or the check
+    /// is refused); else the region-mate that owns the key. The `/v1/authz` direct path
+    /// answers the first on the connection's thread and leaves the second to the router.
+    pub fn check_here(&self, req: CheckRef<'_>) -> Here {
+        let Some(repl) = self.replication.as_ref() else {
+            return Here::Decided(self.limiter.check(req));
+        };
+        let alone = match repl.route(req.key) {
+            Route::Local => return Here::Decided(self.limiter.check(req)),
+            Route::Owner(owner) => match self.limiter.validate(req) {
+                Err(e) => return Here::Decided(Err(e)),
+                Ok(()) if self.limiter.is_listed(req) => {
+                    return Here::Decided(self.limiter.check(req));
+                }
+                Ok(()) => return Here::AtOwner(owner),
+            },
+            Route::Alone => true,
+        };
+        Here::Decided(
+            self.limiter
+                .validate(req)
+                .and_then(|()| self.limiter.check_with(req, alone)),
+        )
+    }
+
     /// Decides a check where it belongs ([`Replication::route`]): here if this node owns the
     /// key (or runs alone), else at the owner in this region; alone, under this node's
     /// conservative cap, if the owner is unreachable or does not answer in time.
     pub async fn check(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
-        let Some(repl) = self.replication.as_ref() else {
-            return self.limiter.check(req);
+        let owner = match self.check_here(req) {
+            Here::Decided(out) => return out,
+            Here::AtOwner(owner) => owner,
         };
-        let owner = match repl.route(req.key) {
-            Route::Local => return self.limiter.check(req),
-            Route::Owner(owner) => owner,
-            Route::Alone => {
-                self.limiter.validate(req)?;
-                return self.limiter.check_with(req, true);
-            }
-        };
-        self.limiter.validate(req)?;
-        if self.limiter.is_listed(req) {
-            return self.limiter.check(req);
-        }
         let now = self.limiter.clock.now_ms();
-        if let Some(d) = repl.forward(owner, forward_check(req, false), now).await {
+        // (A key is only ever at an owner in a cluster.)
+        if let Some(repl) = self.replication.as_ref()
+            && let Some(d) = repl.forward(owner, forward_check(req, false), now).await
+        {
             return self
                 .limiter
                 .outcome_of(req, decision_of(d, &self.limiter, req));
@@ -408,6 +426,14 @@ impl App {
 }
 
 /// A check as it is forwarded to its owner.
+/// Where [`App::check_here`] left a check.
+pub enum Here {
+    /// Decided (or refused) here.
+    Decided(Result<Outcome, ApiError>),
+    /// To be decided by this region-mate, the key's owner.
+    AtOwner(levee_core::NodeIdx),
+}
+
 pub(crate) fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
     ForwardCheck {
         rule: req.rule.to_owned(),

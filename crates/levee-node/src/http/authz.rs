@@ -217,7 +217,7 @@ pub(super) struct AuthzInput<'a> {
     cost: u64,
     class: Option<&'a str>,
     /// `X-RateLimit-Max-Wait`: how long the caller can wait for rights (`crate::wait`).
-    max_wait_ms: u64,
+    pub(super) max_wait_ms: u64,
 }
 
 impl AuthzInput<'_> {

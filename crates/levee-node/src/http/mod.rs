@@ -73,8 +73,8 @@ pub use {batch::fuzz_batch_body, refund::fuzz_refund_body, request::fuzz_check_b
 
 use self::authz::{authz_done, authz_hold, authz_input, authz_response, direct_authz_rule};
 use self::response::error_response;
-use crate::app::App;
-use crate::limiter::ApiError;
+use crate::app::{App, Here};
+use crate::limiter::{ApiError, Outcome};
 
 /// Every route of the API: its path (axum's syntax, the OpenAPI document's too) and its
 /// handlers. [`router`] is built from this table, and the tests compare the OpenAPI document
@@ -218,11 +218,12 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
 /// The body of every answer: a full buffer (the direct path) or the router's body.
 pub type ApiBody = Either<Full<Bytes>, Body>;
 
-/// The HTTP service of one connection. `/v1/authz/{rule}` on a single node is answered
-/// directly — no router, no extractors, no boxed future, the key borrowed from its header —
-/// since it is what gateways call on every request they pass; everything else (and
-/// `/v1/authz` with a query string, a percent-encoded rule name, or in a cluster, where the
-/// decision may wait on the key's owner) goes through [`router`].
+/// The HTTP service of one connection. `/v1/authz/{rule}` is answered directly — no router,
+/// no extractors, no boxed future, the key borrowed from its header — when it can be decided
+/// on this thread (a single node; in a cluster, a key this node owns, or a node alone), since
+/// it is what gateways call on every request they pass; everything else (and `/v1/authz`
+/// with a query string or a percent-encoded rule name, a key a region-mate owns, or a caller
+/// that may wait for rights in a cluster) goes through [`router`].
 #[derive(Clone)]
 pub struct Api {
     app: Arc<App>,
@@ -252,6 +253,36 @@ impl Api {
     }
 }
 
+impl Api {
+    /// The direct path's answer to an `/v1/authz` check decided (or refused) on this thread.
+    fn answer_authz(
+        &self,
+        rule: &str,
+        started: Instant,
+        decided: Result<Outcome, ApiError>,
+    ) -> ApiFuture {
+        let resp = match decided {
+            Ok(out) => {
+                let resp =
+                    authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS).map(Either::Left);
+                if let Some(hold) = authz_hold(&self.app, started, &out) {
+                    // A leaky bucket's delay: the answer waits, off this call.
+                    let app = Arc::clone(&self.app);
+                    return ApiFuture::Routed(Box::pin(async move {
+                        tokio::time::sleep(hold).await;
+                        authz_done(&app, started, resp.status());
+                        resp
+                    }));
+                }
+                resp
+            }
+            Err(e) => error_response(&e).map(Either::Right),
+        };
+        authz_done(&self.app, started, resp.status());
+        ApiFuture::Ready(Some(resp))
+    }
+}
+
 impl hyper::service::Service<Request<Incoming>> for Api {
     type Response = Response<ApiBody>;
     type Error = Infallible;
@@ -261,37 +292,26 @@ impl hyper::service::Service<Request<Incoming>> for Api {
         if let Some(calls) = &self.calls {
             calls.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(rule) = direct_authz_rule(req.uri())
-            && self.app.replication.is_none()
-        {
+        if let Some(rule) = direct_authz_rule(req.uri()) {
             let started = Instant::now();
-            let resp = match authz_input(
+            let decided = match authz_input(
                 &self.app,
                 rule,
                 self.peer,
                 (req.method(), req.uri(), req.headers()),
             ) {
-                Ok(input) => match self.app.limiter.check(input.check(rule)) {
-                    Ok(out) => {
-                        let resp = authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS)
-                            .map(Either::Left);
-                        if let Some(hold) = authz_hold(&self.app, started, &out) {
-                            // A leaky bucket's delay: the answer waits, off this call.
-                            let app = Arc::clone(&self.app);
-                            return ApiFuture::Routed(Box::pin(async move {
-                                tokio::time::sleep(hold).await;
-                                authz_done(&app, started, resp.status());
-                                resp
-                            }));
-                        }
-                        resp
-                    }
-                    Err(e) => error_response(&e).map(Either::Right),
+                // In a cluster a caller that may wait for rights, and a key a region-mate
+                // owns, are answered asynchronously, by the router.
+                Ok(input) if input.max_wait_ms > 0 && self.app.replication.is_some() => None,
+                Ok(input) => match self.app.check_here(input.check(rule)) {
+                    Here::Decided(out) => Some(out),
+                    Here::AtOwner(_) => None,
                 },
-                Err(e) => error_response(&e).map(Either::Right),
+                Err(e) => Some(Err(e)),
             };
-            authz_done(&self.app, started, resp.status());
-            return ApiFuture::Ready(Some(resp));
+            if let Some(decided) = decided {
+                return self.answer_authz(rule, started, decided);
+            }
         }
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let routed = self.router.call(req);
