@@ -156,7 +156,7 @@ impl PeerLink {
             return;
         }
         let (queue, queued) = (&mut self.queue, &mut self.queued);
-        store.for_each(now, &mut |id, _, _| {
+        store.for_each_id(now, &mut |id| {
             if !want(id) {
                 return;
             }

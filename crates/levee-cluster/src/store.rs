@@ -20,6 +20,11 @@ pub trait KeyStates {
     fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused>;
     /// Calls `f` with every key's state and the oldest epoch still counted for it.
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64));
+    /// Calls `f` with every key's id (what a repair or a pull answer lists; the states are
+    /// read when sent). A store that can list ids without reading states should.
+    fn for_each_id(&self, now: Millis, f: &mut dyn FnMut(&[u8])) {
+        self.for_each(now, &mut |id, _, _| f(id));
+    }
     /// A copy of one key's state, if held.
     fn get(&self, id: &[u8]) -> Option<KeyCrdt>;
     /// The anti-entropy digest of every key held: [`crate::DIGEST_BUCKETS`] hashes, each

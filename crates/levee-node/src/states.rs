@@ -8,7 +8,8 @@ use levee_core::{ClusterView, DecideCtx, Effect, KeyCrdt, KeyState, Millis, Targ
 use levee_proto::{OverrideEntry, decode_id};
 
 use crate::limiter::{Limiter, OverrideTable, RuleSet};
-use crate::store::{KeyId, Slot};
+use crate::store::{KeyEntry, Slot};
+use std::sync::Weak;
 
 /// A full rebuild of the digest at least this often (ms): it drops keys the store evicted
 /// or pruned, which the incremental updates do not see.
@@ -51,8 +52,8 @@ pub struct NodeStates<'a> {
     now: Millis,
     /// The store's list of keys changed since the last gossip interval, taken when the
     /// machine first asks for it (rebalancing or deltas: only at the end of an interval).
-    active: Option<Vec<KeyId>>,
-    pending: Vec<KeyId>,
+    active: Option<Vec<Weak<KeyEntry>>>,
+    pending: Vec<Weak<KeyEntry>>,
     digest: &'a mut NodeDigest,
 }
 
@@ -71,7 +72,7 @@ impl<'a> NodeStates<'a> {
     }
 
     /// The keys changed since the last interval, taken from the store on first use.
-    fn active(&mut self) -> &[KeyId] {
+    fn active(&mut self) -> &[Weak<KeyEntry>] {
         if self.active.is_none() {
             let changed = self.limiter.store().take_changed();
             self.pending = changed.clone();
@@ -114,18 +115,24 @@ impl KeyStates for NodeStates<'_> {
         self.active();
         let mut out = Vec::new();
         while out.len() < max {
-            let Some(id) = self.pending.pop() else { break };
-            let retained = retained(&self.rules, &self.overrides, &id, self.now);
-            let digest = &mut *self.digest;
-            // A key evicted since it was listed is not created again.
-            let delta = self.limiter.store().with_existing_slot(&id, |slot| {
-                slot.queued = false;
-                let d = slot.state.take_delta(me);
-                let fp = key_fingerprint(&id, slot.state.crdt(), retained);
-                digest.record(&id, slot, fp);
-                d
-            });
-            if let Some(Some(d)) = delta {
+            let Some(weak) = self.pending.pop() else {
+                break;
+            };
+            // A key evicted or removed since it was listed is not created again.
+            let Some(entry) = weak.upgrade() else {
+                continue;
+            };
+            let id = entry.id();
+            let retained = retained(&self.rules, &self.overrides, id, self.now);
+            let mut slot = entry.lock();
+            if slot.removed {
+                continue;
+            }
+            slot.queued = false;
+            let delta = slot.state.take_delta(me);
+            let fp = key_fingerprint(id, slot.state.crdt(), retained);
+            self.digest.record(id, &mut slot, fp);
+            if let Some(d) = delta {
                 out.push((id.to_vec(), d));
             }
         }
@@ -141,21 +148,12 @@ impl KeyStates for NodeStates<'_> {
             replicas: &self.rules.replicas,
             view: ClusterView::alone(),
         };
-        let retained = target.algorithm.retained_epochs();
-        let store = self.limiter.store();
-        let digest = &mut *self.digest;
-        store.with_slot(id, |slot| {
-            let changed = slot
-                .state
-                .merge(state, &target, &ctx)
-                .map_err(|e| Refused(e.to_string()));
-            store.note(id, slot);
-            if changed? {
-                let fp = key_fingerprint(id, slot.state.crdt(), retained);
-                digest.record(id, slot, fp);
-            }
-            Ok(())
-        })
+        // Listed as changed: the next interval's drain records the key's new fingerprint.
+        self.limiter
+            .store()
+            .with_slot_noted(id, |slot| slot.state.merge(state, &target, &ctx))
+            .map(|_changed| ())
+            .map_err(|e| Refused(e.to_string()))
     }
 
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64)) {
@@ -168,6 +166,12 @@ impl KeyStates for NodeStates<'_> {
             });
             f(id, state.crdt(), oldest);
         });
+    }
+
+    fn for_each_id(&self, _: Millis, f: &mut dyn FnMut(&[u8])) {
+        // No slot is locked and no rule looked up: a repair walks every key to find the
+        // few in its buckets.
+        self.limiter.store().for_each_id(f);
     }
 
     fn digest(&mut self, now: Millis) -> Vec<u64> {
@@ -195,7 +199,7 @@ impl KeyStates for NodeStates<'_> {
     fn activate_all(&mut self) {
         // Every key is listed as changed (those already listed are not listed twice).
         let store = self.limiter.store();
-        store.for_each_slot(|id, slot| store.note(id, slot));
+        store.note_all();
         if let Some(active) = self.active.as_mut() {
             // Taken already this interval: add them now.
             let more = store.take_changed();
@@ -207,13 +211,18 @@ impl KeyStates for NodeStates<'_> {
     fn update_active(&mut self, f: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {
         self.active();
         let (rules, overrides, now) = (&self.rules, &self.overrides, self.now);
-        for id in self.active.as_deref().unwrap_or_default() {
+        for weak in self.active.as_deref().unwrap_or_default() {
+            let Some(entry) = weak.upgrade() else {
+                continue;
+            };
+            let id = entry.id();
             let Some(target) = target_of(rules, overrides, id, now) else {
                 continue;
             };
-            self.limiter
-                .store()
-                .with_existing_slot(id, |slot| f(id, &mut slot.state, &target));
+            let mut slot = entry.lock();
+            if !slot.removed {
+                f(id, &mut slot.state, &target);
+            }
         }
     }
     fn take_overrides(&mut self) -> Vec<OverrideEntry> {
@@ -321,5 +330,31 @@ mod tests {
         let mut id = Vec::new();
         encode_id(&mut id, "q", None, "victim");
         assert!(eu.store().peek(&id, |_| ()).is_some());
+    }
+
+    /// A key reset (removed from the store) after it was listed as changed is not sent, nor
+    /// created again, by the next tick, though the eviction pool still holds its entry; a
+    /// key charged again after its reset is.
+    #[test]
+    fn a_key_reset_after_it_changed_is_not_sent() {
+        let eu = node("eu-1", 100);
+        eu.store().track_changes();
+        charge(&eu, "gone", 3);
+        charge(&eu, "kept", 2);
+        assert!(eu.reset("q", "gone").expect("reset"));
+        let mut digest = NodeDigest::default();
+        let sent: Vec<Vec<u8>> = NodeStates::new(&eu, &mut digest)
+            .drain_deltas(usize::MAX)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut kept = Vec::new();
+        encode_id(&mut kept, "q", None, "kept");
+        assert_eq!(sent, vec![kept]);
+        assert_eq!(eu.store().len(), 1);
+        charge(&eu, "gone", 1);
+        let sent = NodeStates::new(&eu, &mut digest).drain_deltas(usize::MAX);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(eu.usage("q", "gone", None).expect("usage").usage.used, 1);
     }
 }

@@ -22,8 +22,8 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use dashmap::DashMap;
 use levee_core::KeyState;
@@ -57,6 +57,9 @@ pub struct Slot {
     pub state: KeyState,
     /// Whether the key is in the store's list of changed keys.
     pub queued: bool,
+    /// Whether the key was removed from the store ([`Store::remove`]) while something still
+    /// held its entry: replication then leaves it alone.
+    pub removed: bool,
     /// The key's part of the anti-entropy digest as last recorded (0: not recorded); kept
     /// here so that the digest needs no table of its own.
     pub fingerprint: u64,
@@ -127,8 +130,10 @@ pub struct Store {
     evictions: AtomicU64,
     /// Of those, keys that held something (a count a request could have been denied on).
     evictions_live: AtomicU64,
-    /// Keys used or changed since the replication last drained them (cluster mode only).
-    changed: Mutex<Vec<KeyId>>,
+    /// Keys used or changed since the replication last drained them (cluster mode only),
+    /// held weakly: listing a key costs no allocation and keeps no key from eviction, and
+    /// the replication reaches each without searching the map.
+    changed: Mutex<Vec<Weak<KeyEntry>>>,
     tracking: AtomicBool,
 }
 
@@ -184,15 +189,16 @@ impl Store {
     #[inline]
     pub fn with<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
         if let Some(entry) = self.map.get(id) {
-            let mut s = entry.key().0.lock();
+            let e = &entry.key().0;
+            let mut s = e.lock();
             let r = f(&mut s.state);
-            self.note(id, &mut s);
+            self.note(e, &mut s);
             return r;
         }
         let entry = self.slot(id);
         let mut s = entry.lock();
         let r = f(&mut s.state);
-        self.note(id, &mut s);
+        self.note(&entry, &mut s);
         r
     }
 
@@ -202,9 +208,10 @@ impl Store {
     #[inline]
     pub fn with_existing<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
         if let Some(entry) = self.map.get(id) {
-            let mut s = entry.key().0.lock();
+            let e = &entry.key().0;
+            let mut s = e.lock();
             let r = f(&mut s.state);
-            self.note(id, &mut s);
+            self.note(e, &mut s);
             return r;
         }
         f(&mut KeyState::new())
@@ -222,26 +229,40 @@ impl Store {
 
     /// Lists a key as changed (once until drained), when tracking.
     #[inline]
-    pub fn note(&self, id: &[u8], slot: &mut Slot) {
+    /// `slot` is `entry`'s, locked.
+    pub fn note(&self, entry: &SlotRef, slot: &mut Slot) {
         if !slot.queued && self.tracking.load(Ordering::Relaxed) {
             slot.queued = true;
-            self.changed.lock().push(id.into());
+            self.changed.lock().push(Arc::downgrade(entry));
         }
     }
 
-    /// Takes the list of keys used or changed since the last call.
-    pub fn take_changed(&self) -> Vec<KeyId> {
+    /// Lists every key as changed (those listed already are not listed twice).
+    pub fn note_all(&self) {
+        for entry in self.map.iter() {
+            let e = &entry.key().0;
+            self.note(e, &mut e.lock());
+        }
+    }
+
+    /// Takes the list of keys used or changed since the last call. A key evicted since it
+    /// was listed no longer upgrades; one removed while another holder kept its entry says
+    /// so in its slot ([`Slot::removed`]).
+    pub fn take_changed(&self) -> Vec<Weak<KeyEntry>> {
         std::mem::take(&mut *self.changed.lock())
     }
 
-    /// Runs `f` on a key's slot (creating the key if needed), without counting a use.
-    pub fn with_slot<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> R {
-        if let Some(entry) = self.map.get(id) {
-            return f(&mut entry.key().0.lock());
-        }
-        let entry = self.slot(id);
+    /// Runs `f` on a key's slot (creating the key if needed), without counting a use, and
+    /// lists the key as changed.
+    pub fn with_slot_noted<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> R {
+        let entry = match self.map.get(id) {
+            Some(entry) => Arc::clone(&entry.key().0),
+            None => self.slot(id),
+        };
         let mut s = entry.lock();
-        f(&mut s)
+        let r = f(&mut s);
+        self.note(&entry, &mut s);
+        r
     }
 
     /// Runs `f` on a key's slot if the key is held, without counting a use.
@@ -316,7 +337,13 @@ impl Store {
 
     /// Removes a key; returns whether it existed.
     pub fn remove(&self, id: &[u8]) -> bool {
-        self.map.remove(id).is_some()
+        match self.map.remove(id) {
+            Some((h, ())) => {
+                h.0.lock().removed = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Evicts up to `n` keys, each the least weighty of a random sample.
@@ -404,6 +431,13 @@ impl Store {
             let e = &entry.key().0;
             let s = e.lock();
             f(&e.id, &s.state);
+        }
+    }
+
+    /// Calls `f` for every key's id, locking no slot.
+    pub fn for_each_id(&self, mut f: impl FnMut(&[u8])) {
+        for entry in self.map.iter() {
+            f(&entry.key().0.id);
         }
     }
 

@@ -122,9 +122,9 @@ impl Limiter {
                     .min_by_key(|&i| all.results[i].remaining)
                     .unwrap_or(0);
             }
-            for ((_, g), id) in guards.iter_mut().zip(&ids) {
-                if let Held::Locked(g) = g {
-                    self.store.note(id, g);
+            for ((_, g), entry) in guards.iter_mut().zip(&slots) {
+                if let (Held::Locked(g), Some(entry)) = (g, entry) {
+                    self.store.note(entry, g);
                 }
             }
             for ((d, r), e) in all.results.iter().zip(&resolved).zip(entries) {
