@@ -77,6 +77,9 @@ KEEP_WORK = False
 
 
 def start(name: str, cmd: list[str], log_path: Path, **kw) -> subprocess.Popen:
+    if C.pin and name != "perf":
+        # `--pin`: every server on core 0 (children and threads inherit it).
+        cmd = ["taskset", "-c", "0"] + cmd
     f = open(log_path, "wb")
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, **kw)
     PROCS.append((name, p))
@@ -357,9 +360,15 @@ class Cfg:
     keys: int
     fig9_rate: int
     http_threads: int | None
+    pin: bool = False
 
 
 C = Cfg()
+
+
+def generator(cmd: list[str]) -> list[str]:
+    """A load generator's command: on core 1 with `--pin` (the servers are on core 0)."""
+    return (["taskset", "-c", "1"] + cmd) if C.pin else cmd
 
 
 def process_tree(pid: int) -> list[int]:
@@ -383,7 +392,7 @@ def wrk(url: str, secs: float | None = None, pids: list[int] | None = None) -> d
     c0 = cpu_of(pids) if pids else 0.0
     cmd = [which("wrk"), f"-t{C.threads}", f"-c{C.conns}", f"-d{secs:g}s", "--timeout", "5s",
            "-s", str(BENCH / "wrk_keys.lua"), url, "--", str(C.keys), "x-key"]
-    r = run(cmd, timeout=secs + 30)
+    r = run(generator(cmd), timeout=secs + 30)
     c1 = cpu_of(pids) if pids else 0.0
     m = re.search(r"^WRKJSON (\{.*\})$", r.stdout, re.M)
     if not m:
@@ -407,7 +416,7 @@ def redis_bench(port: int, sha: str, pipeline: int, pid: int) -> dict:
            "EVALSHA", sha, "1", "rl:__rand_int__", "1000000", "1000000", "1", "60"]
     t = time.monotonic()
     c0 = cpu_seconds(pid)
-    r = run(cmd, timeout=120)
+    r = run(generator(cmd), timeout=120)
     c1 = cpu_seconds(pid)
     wall = time.monotonic() - t
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith('"EVALSHA')]
@@ -429,7 +438,7 @@ def levee_bench(levee: str, port: int, args: list[str], secs: float,
     g0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     c0 = cpu_of(pids) if pids else 0.0
     t = time.monotonic()
-    r = run(cmd, timeout=secs * 3 + 60)
+    r = run(generator(cmd), timeout=secs * 3 + 60)
     wall = time.monotonic() - t
     c1 = cpu_of(pids) if pids else 0.0
     g1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -1193,6 +1202,10 @@ def main() -> int:
                          "Levee's default, one per core). Figure 3 always uses the default")
     ap.add_argument("--profile", action="store_true",
                     help="also perf-record levee under figures 1 and 3's loads and print where it spends time")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin every server (Levee, nginx, Redis) to core 0 and every load "
+                         "generator to core 1 with taskset, so that a generator cannot take a "
+                         "server's core (needs 2 cores)")
     ap.add_argument("--out", help="also write the table (markdown) to this file")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
     a = ap.parse_args()
@@ -1202,6 +1215,11 @@ def main() -> int:
     C.secs = a.secs or (2.0 if a.quick else 3.0)
     C.threads, C.conns, C.keys = a.threads, a.connections, a.keys
     C.fig9_rate, C.http_threads = a.fig9_rate, (a.http_threads or None)
+    C.pin = a.pin
+    if C.pin and (os.cpu_count() or 1) < 2:
+        ap.error("--pin needs at least 2 cores")
+    if C.pin and not shutil.which("taskset"):
+        ap.error("--pin needs taskset (util-linux)")
     figs = {int(x) for x in a.figures.split(",") if x.strip()}
     KEEP_WORK = a.keep
 
@@ -1248,6 +1266,9 @@ def main() -> int:
         NOTES.append(f"Figures 1, 2, 5 and 7: Levee ran with `LEVEE_WORKER_THREADS={threads}` "
                      f"(`--http-threads`), as many HTTP threads as nginx has workers; figure 3 "
                      f"with its default, one per core.")
+    if C.pin:
+        NOTES.append("Pinned (`--pin`): every server (Levee, nginx, Redis, every node of a "
+                     "cluster) on core 0, every load generator on core 1 (`taskset`).")
     nginx_port = redis_port = None
     if figs & {1, 5}:
         nginx_proc, nginx_port = start_nginx(WORK)
