@@ -213,11 +213,9 @@ fn a_node_that_dies_stops_the_cluster_with_its_name_its_log_and_exit_1() {
     );
 }
 
-/// Starts `levee serve` with stderr to a file (not a terminal), waits for its first lines,
-/// stops it, and returns what it wrote.
-fn serve_log(extra: &[&str]) -> String {
-    let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("levee.toml");
+/// A configuration of one rule, serving HTTP on a free port, in `dir`: its path and port.
+fn small_config(dir: &Path) -> (std::path::PathBuf, u16) {
+    let config = dir.join("levee.toml");
     let port = free_port();
     std::fs::write(
         &config,
@@ -226,12 +224,27 @@ fn serve_log(extra: &[&str]) -> String {
         ),
     )
     .expect("config");
+    (config, port)
+}
+
+/// Starts `levee serve` with stderr to a file (not a terminal), waits for its first lines,
+/// stops it, and returns what it wrote.
+fn serve_log(extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().expect("a directory");
+    let (config, _) = small_config(dir.path());
+    serve_log_with(&config, extra, &[])
+}
+
+/// [`serve_log`] of `levee serve --config CONFIG EXTRA` with `env` set.
+fn serve_log_with(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("a directory");
     let log = dir.path().join("stderr.log");
     let child = Command::new(levee_binary())
         .arg("serve")
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .args(extra)
+        .envs(env.iter().copied())
         .env("LEVEE_LOG", "info")
         .env_remove("NO_COLOR")
         .stdin(Stdio::null())
@@ -280,4 +293,34 @@ fn json_logs_are_one_object_per_line_without_colour_codes() {
         lines.iter().any(|l| l.contains("\"levee is serving\"")),
         "{log}"
     );
+}
+
+/// A bad `LEVEE_BACKGROUND_THREADS` stops `levee serve` before it binds anything, naming the
+/// variable and what it must be; a good one serves.
+#[test]
+fn serve_refuses_a_bad_background_thread_count_and_binds_nothing() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let (config, port) = small_config(dir.path());
+    for bad in ["0", "two", "-1", "100000"] {
+        let out = levee()
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("LEVEE_BACKGROUND_THREADS", bad)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run levee serve");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad:?}: {err}");
+        assert!(
+            err.contains("LEVEE_BACKGROUND_THREADS: must be an integer from 1 to 1024")
+                && err.contains(&format!("{bad:?}")),
+            "{bad:?}: {err}"
+        );
+        assert!(
+            TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "{bad:?}: the port was taken"
+        );
+    }
+    let log = serve_log_with(&config, &[], &[("LEVEE_BACKGROUND_THREADS", "1")]);
+    assert!(log.contains("serving"), "{log}");
 }

@@ -205,10 +205,35 @@ fn main() -> ExitCode {
     }
 }
 
+/// Threads of the background runtime (replication, forwarding, reloads, snapshots):
+/// `LEVEE_BACKGROUND_THREADS` if set, else a quarter of the cores, at least one. HTTP
+/// connections have threads of their own (`LEVEE_WORKER_THREADS`); the replication state
+/// machine is one lock, so more background threads than that mostly wake each other (on 2
+/// cores, 2 threads took ~15 % more CPU per forwarded check than 1: docs/benchmarks.md).
+fn background_threads(var: Option<String>) -> Result<usize, String> {
+    match var {
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1))),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "LEVEE_BACKGROUND_THREADS: must be an integer from 1 to 1024, got {v:?}"
+            )),
+        },
+    }
+}
+
 fn serve(config: Option<PathBuf>, log_format: LogFormat, clock_offset_ms: i64) -> ExitCode {
     init_logging(log_format);
     let embedded = config.is_none();
+    let background = match background_threads(std::env::var("LEVEE_BACKGROUND_THREADS").ok()) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(background)
         .enable_all()
         .build()
     {
