@@ -291,6 +291,8 @@ impl Cluster {
                 added: Vec::new(),
                 gossip_interval: format!("{}ms", spec.gossip_interval_ms),
                 suspect_after: format!("{}ms", spec.suspect_after_ms),
+                // A topology is set per node through `cluster_extra`.
+                gossip_topology: Default::default(),
             };
             let path = cluster.dir().to_owned();
             let planned = layout.nodes(&path).map_err(|e| e.to_string())?;

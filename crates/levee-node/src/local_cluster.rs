@@ -30,6 +30,8 @@ pub struct LocalCluster {
     pub gossip_interval: String,
     /// `cluster.suspect_after`, e.g. `"1s"`.
     pub suspect_after: String,
+    /// `cluster.gossip_topology` (written only when it is not the default, `mesh`).
+    pub gossip_topology: crate::config::GossipTopology,
 }
 
 /// One node's files and addresses.
@@ -212,6 +214,9 @@ impl LocalCluster {
                 cert = certs.join(format!("{}.pem", n.id)).display(),
                 key = certs.join(format!("{}.key", n.id)).display(),
             );
+            if self.gossip_topology == crate::config::GossipTopology::Regions {
+                text.push_str("gossip_topology = \"regions\"\n");
+            }
             for listed in list {
                 let Some(other) = nodes.get(listed.node) else {
                     return Err(LocalClusterError::List(listed.node, nodes.len()));
@@ -238,7 +243,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_node_runs_the_rules_and_notices_it_was_given() {
+    fn every_node_runs_the_rules_notices_and_gossip_topology_it_was_given() {
         let source = crate::Config::parse(
             "[[rule]]\nname = \"s\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n\n\
              [[notify]]\nurl = \"http://127.0.0.1:9/hook\"\nthresholds = [0.5]\n",
@@ -254,14 +259,26 @@ mod tests {
             added: Vec::new(),
             gossip_interval: "20ms".into(),
             suspect_after: "1s".into(),
+            gossip_topology: crate::config::GossipTopology::Mesh,
         };
-        let dir = tempfile::tempdir().expect("tempdir");
-        let nodes = spec.write(dir.path(), |_, _| None).expect("written");
-        assert_eq!(nodes.len(), 2);
-        for n in &nodes {
-            let config = crate::Config::load(&n.config).expect("a node's configuration loads");
-            assert_eq!(config.rules.len(), 1, "{}", n.id);
-            assert_eq!(config.notify, source.notify, "{}", n.id);
+        for topology in [
+            crate::config::GossipTopology::Mesh,
+            crate::config::GossipTopology::Regions,
+        ] {
+            let spec = LocalCluster {
+                gossip_topology: topology,
+                ..spec.clone()
+            };
+            let dir = tempfile::tempdir().expect("tempdir");
+            let nodes = spec.write(dir.path(), |_, _| None).expect("written");
+            assert_eq!(nodes.len(), 2);
+            for n in &nodes {
+                let config = crate::Config::load(&n.config).expect("a node's configuration loads");
+                assert_eq!(config.rules.len(), 1, "{}", n.id);
+                assert_eq!(config.notify, source.notify, "{}", n.id);
+                let cluster = config.cluster.as_ref().expect("a [cluster] section");
+                assert_eq!(cluster.gossip_topology, topology, "{}", n.id);
+            }
         }
     }
 
@@ -276,6 +293,7 @@ mod tests {
             added: vec!["us".into(), "eu".into(), "us".into()],
             gossip_interval: "20ms".into(),
             suspect_after: "1s".into(),
+            gossip_topology: crate::config::GossipTopology::Mesh,
         };
         let nodes = spec.nodes(Path::new("d")).expect("laid out");
         let ids: Vec<&str> = nodes.iter().map(|n| n.id.as_str()).collect();

@@ -58,6 +58,27 @@ pub(crate) struct ClusterArgs {
     /// temporary directory, removed on exit).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Who each node gossips with every interval: `mesh`, every node; `regions`, its
+    /// region-mates and one gateway per other region, which relays to its region
+    /// (docs/replication.md, "Gossip topology").
+    #[arg(long, value_enum, default_value_t = Topology::Mesh)]
+    gossip_topology: Topology,
+}
+
+/// `--gossip-topology`: `cluster.gossip_topology` of every node.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Topology {
+    Mesh,
+    Regions,
+}
+
+impl From<Topology> for levee_node::config::GossipTopology {
+    fn from(t: Topology) -> Self {
+        match t {
+            Topology::Mesh => levee_node::config::GossipTopology::Mesh,
+            Topology::Regions => levee_node::config::GossipTopology::Regions,
+        }
+    }
 }
 
 /// Why `levee cluster` stopped early.
@@ -318,6 +339,7 @@ fn start(args: &ClusterArgs) -> Result<ExitCode, Failure> {
         added: Vec::new(),
         gossip_interval: "20ms".into(),
         suspect_after: "1s".into(),
+        gossip_topology: args.gossip_topology.into(),
     };
     let planned = spec
         .nodes(Path::new("."))
