@@ -252,7 +252,8 @@ impl Cluster {
     }
 
     /// Merges a batch from `from`; with `relay`, keeps what it merged to relay to
-    /// region-mates if `from` is of another region and this node gossips by regions.
+    /// region-mates if `from` is of another region and this node gossips by regions (or
+    /// `from` chose it as its gateway).
     fn merge_batch(
         &mut self,
         from: NodeIdx,
@@ -261,7 +262,7 @@ impl Cluster {
         now: Millis,
         store: &mut dyn KeyStates,
     ) {
-        let relay = relay && self.relays_from(from);
+        let relay = relay && self.relays_from(from, now);
         for k in batch.keys {
             // An identity longer than any node stores is refused before it is even looked up.
             if k.id.len() > MAX_ID_BYTES || store.merge(&k.id, &k.state, now).is_err() {

@@ -289,11 +289,17 @@ impl Cluster {
     }
 
     /// Whether what `from` sends may need relaying to this node's region-mates: with
-    /// regional gossip, when `from` is of another region.
-    pub(super) fn relays_from(&self, from: NodeIdx) -> bool {
+    /// regional gossip, when `from` is of another region; gossiping as a mesh, when `from`
+    /// chose this node as its gateway (a rolling change of the setting: a regional node may
+    /// choose a mesh node, and its entries reach the rest of this region only through it).
+    pub(super) fn relays_from(&self, from: NodeIdx, now: Millis) -> bool {
         let replicas = &self.cfg.replicas;
-        self.cfg.topology == Topology::Regions
-            && replicas.region_of(from) != replicas.region_of(self.cfg.me)
+        replicas.region_of(from) != replicas.region_of(self.cfg.me)
+            && (self.cfg.topology == Topology::Regions
+                || self
+                    .gateways
+                    .chose_me
+                    .within(from, now, self.cfg.suspect_after))
     }
 
     /// `from` sent this node a `Deltas` batch now.
@@ -303,13 +309,16 @@ impl Cluster {
 
     /// The entries merged from other regions since the last interval, to relay: those of
     /// senders that gossip by regions (a `Heard` from them within `suspect_after`, which may
-    /// have come just after their batch); a mesh node sends every node its deltas itself.
+    /// have come just after their batch, or they chose this node); a mesh node sends every
+    /// node its deltas itself.
     pub(super) fn take_relay(&mut self, now: Millis) -> Vec<KeyEntry> {
         let g = &mut self.gateways;
-        let (regional, span) = (&g.regional, self.cfg.suspect_after);
+        let (regional, chose_me, span) = (&g.regional, &g.chose_me, self.cfg.suspect_after);
         std::mem::take(&mut g.relay)
             .into_iter()
-            .filter(|(from, _)| regional.within(*from, now, span))
+            .filter(|(from, _)| {
+                regional.within(*from, now, span) || chose_me.within(*from, now, span)
+            })
             .map(|(_, k)| k)
             .collect()
     }

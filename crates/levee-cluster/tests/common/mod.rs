@@ -71,6 +71,17 @@ impl Net {
         rule: levee_core::Rule,
         topologies: &[Topology],
     ) -> Net {
+        Net::mixed_with_anti_entropy(replicas, rule, topologies, 200)
+    }
+
+    /// [`Net::mixed`] with anti-entropy every `anti_entropy_ms` (a test that must not rest
+    /// on it gives a period longer than it runs).
+    pub(crate) fn mixed_with_anti_entropy(
+        replicas: ReplicaSet,
+        rule: levee_core::Rule,
+        topologies: &[Topology],
+        anti_entropy_ms: u64,
+    ) -> Net {
         let nodes = replicas
             .nodes()
             .map(|me| {
@@ -80,7 +91,7 @@ impl Net {
                     replicas: replicas.clone(),
                     gossip_interval: TICK,
                     suspect_after: 300,
-                    anti_entropy_interval: 200,
+                    anti_entropy_interval: anti_entropy_ms,
                     forward_timeout: 500,
                     tick_phase: 0,
                     topology,
