@@ -251,9 +251,7 @@ impl Api {
             ..self
         }
     }
-}
 
-impl Api {
     /// The direct path's answer to an `/v1/authz` check decided (or refused) on this thread.
     fn answer_authz(
         &self,
