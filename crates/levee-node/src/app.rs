@@ -359,22 +359,19 @@ impl App {
         let Some(repl) = self.replication.as_ref() else {
             return Here::Decided(self.limiter.check(req));
         };
-        let alone = match repl.route(req.key) {
-            Route::Local => return Here::Decided(self.limiter.check(req)),
+        match repl.route(req.key) {
+            Route::Local => Here::Decided(self.limiter.check(req)),
             Route::Owner(owner) => match self.limiter.validate(req) {
-                Err(e) => return Here::Decided(Err(e)),
-                Ok(()) if self.limiter.is_listed(req) => {
-                    return Here::Decided(self.limiter.check(req));
-                }
-                Ok(()) => return Here::AtOwner(owner),
+                Err(e) => Here::Decided(Err(e)),
+                Ok(()) if self.limiter.is_listed(req) => Here::Decided(self.limiter.check(req)),
+                Ok(()) => Here::AtOwner(owner),
             },
-            Route::Alone => true,
-        };
-        Here::Decided(
-            self.limiter
-                .validate(req)
-                .and_then(|()| self.limiter.check_with(req, alone)),
-        )
+            Route::Alone => Here::Decided(
+                self.limiter
+                    .validate(req)
+                    .and_then(|()| self.limiter.check_with(req, true)),
+            ),
+        }
     }
 
     /// Decides a check where it belongs ([`Replication::route`]): here if this node owns the
@@ -425,7 +422,6 @@ impl App {
     }
 }
 
-/// A check as it is forwarded to its owner.
 /// Where [`App::check_here`] left a check.
 pub enum Here {
     /// Decided (or refused) here.
@@ -434,6 +430,7 @@ pub enum Here {
     AtOwner(levee_core::NodeIdx),
 }
 
+/// A check as it is forwarded to its owner.
 pub(crate) fn forward_check(req: CheckRef<'_>, refund: bool) -> ForwardCheck {
     ForwardCheck {
         rule: req.rule.to_owned(),

@@ -255,10 +255,7 @@ impl Store {
     /// Runs `f` on a key's slot (creating the key if needed), without counting a use, and
     /// lists the key as changed.
     pub fn with_slot_noted<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> R {
-        let entry = match self.map.get(id) {
-            Some(entry) => Arc::clone(&entry.key().0),
-            None => self.slot(id),
-        };
+        let entry = self.slot(id);
         let mut s = entry.lock();
         let r = f(&mut s);
         self.note(&entry, &mut s);

@@ -42,13 +42,13 @@ pub enum Topology {
 pub(super) struct LastSeen(Vec<Option<Millis>>);
 
 impl LastSeen {
-    /// Records `p` now; returns when it was recorded before.
-    fn set(&mut self, p: NodeIdx, now: Millis) -> Option<Millis> {
+    /// Records `p` now.
+    fn set(&mut self, p: NodeIdx, now: Millis) {
         let i = usize::from(p.0);
         if self.0.len() <= i {
             self.0.resize(i + 1, None);
         }
-        self.0[i].replace(now)
+        self.0[i] = Some(now);
     }
 
     /// Whether `p` was recorded within `span` of `now`.
@@ -268,8 +268,11 @@ impl Cluster {
         let remote = replicas.region_of(from) != replicas.region_of(self.cfg.me);
         let n = replicas.len();
         if remote && gateway {
-            let before = self.gateways.chose_me.set(from, now);
-            let linked = before.is_some_and(|t| now.saturating_sub(t) <= self.cfg.suspect_after);
+            let linked = self
+                .gateways
+                .chose_me
+                .within(from, now, self.cfg.suspect_after);
+            self.gateways.chose_me.set(from, now);
             if !linked {
                 // Newly chosen (or chosen again after a cut): answer at once, so that it
                 // sees what this node has received from it and pushes what it missed.
