@@ -378,10 +378,19 @@ impl App {
     /// key (or runs alone), else at the owner in this region; alone, under this node's
     /// conservative cap, if the owner is unreachable or does not answer in time.
     pub async fn check(&self, req: CheckRef<'_>) -> Result<Outcome, ApiError> {
-        let owner = match self.check_here(req) {
-            Here::Decided(out) => return out,
-            Here::AtOwner(owner) => owner,
-        };
+        match self.check_here(req) {
+            Here::Decided(out) => out,
+            Here::AtOwner(owner) => self.check_at_owner(req, owner).await,
+        }
+    }
+
+    /// The rest of [`App::check`] for a check [`App::check_here`] left to `owner`: its
+    /// decision, or this node's alone if the owner does not answer in time.
+    pub async fn check_at_owner(
+        &self,
+        req: CheckRef<'_>,
+        owner: levee_core::NodeIdx,
+    ) -> Result<Outcome, ApiError> {
         let now = self.limiter.clock.now_ms();
         // (A key is only ever at an owner in a cluster.)
         if let Some(repl) = self.replication.as_ref()

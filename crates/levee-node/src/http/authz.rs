@@ -232,6 +232,44 @@ impl AuthzInput<'_> {
             dry_run: false,
         }
     }
+
+    /// The check of `rule` as one that outlives the request (decided by the key's owner).
+    pub(super) fn to_owned_check(&self, rule: &str) -> OwnedAuthz {
+        OwnedAuthz {
+            rule: rule.to_owned(),
+            key: self.key.clone().into_owned(),
+            cost: self.cost,
+            class: self.class.map(str::to_owned),
+        }
+    }
+}
+
+/// An `/v1/authz` check that outlives its request: one a region-mate decides, as the key's
+/// owner, while the connection waits.
+pub(super) struct OwnedAuthz {
+    rule: String,
+    key: String,
+    cost: u64,
+    class: Option<String>,
+}
+
+impl OwnedAuthz {
+    /// The rule's name.
+    pub(super) fn rule(&self) -> &str {
+        &self.rule
+    }
+
+    /// The check it asks for.
+    pub(super) fn check(&self) -> CheckRef<'_> {
+        CheckRef {
+            rule: &self.rule,
+            key: &self.key,
+            cost: self.cost,
+            class: self.class.as_deref(),
+            idempotency_key: None,
+            dry_run: false,
+        }
+    }
 }
 
 /// The parts of an `/v1/authz` request its key may be made of: method, URI and headers.

@@ -71,10 +71,13 @@ pub use openapi::document as openapi_document;
 #[doc(hidden)]
 pub use {batch::fuzz_batch_body, refund::fuzz_refund_body, request::fuzz_check_body};
 
-use self::authz::{authz_done, authz_hold, authz_input, authz_response, direct_authz_rule};
+use self::authz::{
+    OwnedAuthz, authz_done, authz_hold, authz_input, authz_response, direct_authz_rule,
+};
 use self::response::error_response;
 use crate::app::{App, Here};
 use crate::limiter::{ApiError, Outcome};
+use levee_core::NodeIdx;
 
 /// Every route of the API: its path (axum's syntax, the OpenAPI document's too) and its
 /// handlers. [`router`] is built from this table, and the tests compare the OpenAPI document
@@ -219,11 +222,11 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
 pub type ApiBody = Either<Full<Bytes>, Body>;
 
 /// The HTTP service of one connection. `/v1/authz/{rule}` is answered directly — no router,
-/// no extractors, no boxed future, the key borrowed from its header — when it can be decided
-/// on this thread (a single node; in a cluster, a key this node owns, or a node alone), since
-/// it is what gateways call on every request they pass; everything else (and `/v1/authz`
-/// with a query string or a percent-encoded rule name, a key a region-mate owns, or a caller
-/// that may wait for rights in a cluster) goes through [`router`].
+/// no extractors, the key borrowed from its header — since it is what gateways call on
+/// every request they pass: on this thread when it can be decided here (a single node; in a
+/// cluster, a key this node owns, or a node alone), else by asking the key's owner in this
+/// region. Everything else (and `/v1/authz` with a query string or a percent-encoded rule
+/// name, or a caller that may wait for rights in a cluster) goes through [`router`].
 #[derive(Clone)]
 pub struct Api {
     app: Arc<App>,
@@ -259,25 +262,58 @@ impl Api {
         started: Instant,
         decided: Result<Outcome, ApiError>,
     ) -> ApiFuture {
-        let resp = match decided {
-            Ok(out) => {
-                let resp =
-                    authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS).map(Either::Left);
-                if let Some(hold) = authz_hold(&self.app, started, &out) {
-                    // A leaky bucket's delay: the answer waits, off this call.
-                    let app = Arc::clone(&self.app);
-                    return ApiFuture::Routed(Box::pin(async move {
-                        tokio::time::sleep(hold).await;
-                        authz_done(&app, started, resp.status());
-                        resp
-                    }));
-                }
-                resp
+        match direct_answer(&self.app, rule, started, decided) {
+            (resp, None) => {
+                authz_done(&self.app, started, resp.status());
+                ApiFuture::Ready(Some(resp))
             }
-            Err(e) => error_response(&e).map(Either::Right),
-        };
-        authz_done(&self.app, started, resp.status());
-        ApiFuture::Ready(Some(resp))
+            // A leaky bucket's delay: the answer waits, off this call.
+            (resp, Some(hold)) => {
+                let app = Arc::clone(&self.app);
+                ApiFuture::Routed(Box::pin(async move {
+                    tokio::time::sleep(hold).await;
+                    authz_done(&app, started, resp.status());
+                    resp
+                }))
+            }
+        }
+    }
+
+    /// The direct path's answer to an `/v1/authz` check whose key a region-mate owns: asked
+    /// of the owner (no router, the request read once), answered when it decides.
+    fn answer_authz_at_owner(
+        &self,
+        check: OwnedAuthz,
+        owner: NodeIdx,
+        started: Instant,
+    ) -> ApiFuture {
+        let app = Arc::clone(&self.app);
+        ApiFuture::Routed(Box::pin(async move {
+            let decided = app.check_at_owner(check.check(), owner).await;
+            let (resp, hold) = direct_answer(&app, check.rule(), started, decided);
+            if let Some(hold) = hold {
+                tokio::time::sleep(hold).await;
+            }
+            authz_done(&app, started, resp.status());
+            resp
+        }))
+    }
+}
+
+/// The answer to a direct `/v1/authz` check, and how long to hold it (a leaky bucket's
+/// delay).
+fn direct_answer(
+    app: &App,
+    rule: &str,
+    started: Instant,
+    decided: Result<Outcome, ApiError>,
+) -> (Response<ApiBody>, Option<std::time::Duration>) {
+    match decided {
+        Ok(out) => (
+            authz_response(rule, &out, StatusCode::TOO_MANY_REQUESTS).map(Either::Left),
+            authz_hold(app, started, &out),
+        ),
+        Err(e) => (error_response(&e).map(Either::Right), None),
     }
 }
 
@@ -292,23 +328,23 @@ impl hyper::service::Service<Request<Incoming>> for Api {
         }
         if let Some(rule) = direct_authz_rule(req.uri()) {
             let started = Instant::now();
-            let decided = match authz_input(
+            match authz_input(
                 &self.app,
                 rule,
                 self.peer,
                 (req.method(), req.uri(), req.headers()),
             ) {
-                // In a cluster a caller that may wait for rights, and a key a region-mate
-                // owns, are answered asynchronously, by the router.
-                Ok(input) if input.max_wait_ms > 0 && self.app.replication.is_some() => None,
-                Ok(input) => match self.app.check_here(input.check(rule)) {
-                    Here::Decided(out) => Some(out),
-                    Here::AtOwner(_) => None,
-                },
-                Err(e) => Some(Err(e)),
-            };
-            if let Some(decided) = decided {
-                return self.answer_authz(rule, started, decided);
+                // In a cluster a caller that may wait for rights goes through the router.
+                Ok(input) if input.max_wait_ms > 0 && self.app.replication.is_some() => {}
+                Ok(input) => {
+                    return match self.app.check_here(input.check(rule)) {
+                        Here::Decided(out) => self.answer_authz(rule, started, out),
+                        Here::AtOwner(owner) => {
+                            self.answer_authz_at_owner(input.to_owned_check(rule), owner, started)
+                        }
+                    };
+                }
+                Err(e) => return self.answer_authz(rule, started, Err(e)),
             }
         }
         req.extensions_mut().insert(ConnectInfo(self.peer));
