@@ -59,6 +59,16 @@ pub(crate) struct PeerLink {
     pub(crate) acked_ms: u64,
     /// When we last pushed it what it missed.
     pub(crate) caught_up: Millis,
+    /// The `sent_at_ms` of the last batch sent to it: the next one's `prev_ms`.
+    pub(crate) last_batch_ms: Millis,
+    /// The latest `sent_at_ms` of its batches received (its clock), for gap detection: a
+    /// batch whose `prev_ms` is later means the ones in between were lost.
+    pub(crate) chain_ms: u64,
+    /// It said it missed our batches since this time ([`Message::Missed`]); answered at most
+    /// once per gossip interval (`missed_answered`).
+    pub(crate) missed_since: Option<Millis>,
+    /// When its last [`Message::Missed`] was answered.
+    pub(crate) missed_answered: Millis,
     /// It answered our pull saying it is recovering too.
     pub(crate) deferred: bool,
     /// Full states waiting to be sent to it, paced by `budget`. Each key is in it at most
@@ -85,6 +95,10 @@ impl Default for PeerLink {
             heard_ms: 0,
             acked_ms: 0,
             caught_up: 0,
+            last_batch_ms: 0,
+            chain_ms: 0,
+            missed_since: None,
+            missed_answered: 0,
             told_removed: 0,
             deferred: false,
             queue: VecDeque::new(),
@@ -101,17 +115,30 @@ pub(crate) fn batch(now: Millis, keys: Vec<KeyEntry>) -> DeltaBatch {
     DeltaBatch {
         sent_at_ms: now,
         ack_ms: 0,
+        prev_ms: 0,
         keys,
     }
 }
 
 impl PeerLink {
-    /// Readies a message for this peer: notes the send and acknowledges its latest batch.
+    /// Readies a message for this peer: notes the send, acknowledges its latest batch and
+    /// chains a batch to the one sent before it.
     pub(crate) fn stamp(&mut self, msg: &mut Message, now: Millis) {
         self.last_sent = now;
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = msg {
             b.ack_ms = self.heard_ms;
+            b.prev_ms = self.last_batch_ms;
+            self.last_batch_ms = b.sent_at_ms;
         }
+    }
+
+    /// Notes a batch received from this peer; returns the `sent_at_ms` of the last one
+    /// received before it if batches sent in between never arrived (lost, or still on their
+    /// way: the transport keeps order, so only a lossy path reorders).
+    pub(crate) fn chain(&mut self, b: &DeltaBatch) -> Option<u64> {
+        let gap = (self.chain_ms > 0 && b.prev_ms > self.chain_ms).then_some(self.chain_ms);
+        self.chain_ms = self.chain_ms.max(b.sent_at_ms);
+        gap
     }
 
     /// Queues these keys' states, each unless it is already queued.

@@ -86,6 +86,7 @@ fn deltas(keys: Vec<KeyEntry>) -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: T0,
         ack_ms: 0,
+        prev_ms: 0,
         keys,
     })
 }
@@ -299,4 +300,78 @@ fn a_hostile_heard_is_refused_or_ignored() {
     });
     assert_eq!(node.cluster.refused() - before, 1);
     node.drain();
+}
+
+/// The keys of the batches sent to the peer since the last drain.
+fn keys_sent_to_peer(node: &mut Node) -> usize {
+    std::iter::from_fn(|| node.cluster.poll_transmit())
+        .filter(|o| o.to == PEER)
+        .map(|o| match o.msg {
+            Message::Deltas(b) => b.keys.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// A peer that says it missed our batches (`Missed`) gets the keys sent since then, at most
+/// once per gossip interval however often it asks: each answer walks the recently sent keys.
+/// Asks that come sooner are answered together at the end of the interval (from the earliest
+/// time asked; a time ahead of our clock asks for no more than the latest interval's keys).
+#[test]
+fn asks_for_missed_batches_are_answered_at_most_once_per_interval() {
+    let mut node = Node::new();
+    let view = node.cluster.view();
+    for i in 0..10 {
+        node.store
+            .decide("r", &format!("k{i}"), 1, node.now, view)
+            .unwrap();
+    }
+    // The peer acknowledged a batch of ours, so what was sent since is remembered for it.
+    node.receive(Message::Deltas(DeltaBatch {
+        sent_at_ms: T0,
+        ack_ms: T0,
+        prev_ms: 0,
+        keys: Vec::new(),
+    }));
+    node.drain();
+    // An interval a while after the start sends them and remembers them as sent.
+    node.now += 100;
+    node.cluster.handle_timeout(node.now, &mut node.store);
+    assert_eq!(keys_sent_to_peer(&mut node), 10);
+    let sent_at = node.now;
+    node.receive(Message::Missed {
+        since_ms: sent_at - 1,
+    });
+    assert_eq!(keys_sent_to_peer(&mut node), 10, "answered at once");
+    for since in [sent_at - 1, u64::MAX] {
+        for _ in 0..50 {
+            let now = node.now;
+            node.cluster.handle_message(
+                PEER,
+                Message::Missed { since_ms: since },
+                now,
+                &mut node.store,
+            );
+        }
+    }
+    assert_eq!(
+        keys_sent_to_peer(&mut node),
+        0,
+        "not again within the interval"
+    );
+    node.now += 20;
+    node.cluster.handle_timeout(node.now, &mut node.store);
+    let sent = keys_sent_to_peer(&mut node);
+    assert_eq!(sent, 10, "the asks of the interval, answered once");
+    node.now += 20;
+    node.cluster.handle_timeout(node.now, &mut node.store);
+    assert_eq!(keys_sent_to_peer(&mut node), 0, "nothing left to answer");
+    // A time before what this node remembers (or none at all) asks for nothing: anti-entropy
+    // repairs what is that old.
+    for since in [1, 0] {
+        node.receive(Message::Missed { since_ms: since });
+        node.now += 20;
+        node.cluster.handle_timeout(node.now, &mut node.store);
+        assert_eq!(keys_sent_to_peer(&mut node), 0, "since {since}");
+    }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::{Net, T0, TICK, replicas, window_rule};
 use levee_cluster::memory::MemoryStates;
-use levee_cluster::{Cluster, ClusterConfig};
+use levee_cluster::{Cluster, ClusterConfig, Topology};
 use levee_core::{KeyCrdt, Lattice, NodeIdx, RuleSpec};
 use levee_proto::Message;
 use levee_testkit::net::InFlightOnCut;
@@ -110,6 +110,44 @@ fn anti_entropy_repairs_deltas_that_were_lost() {
     net.run(3 * TICK);
     net.wire.mend_both(0, 1);
     net.run(600);
+    assert_eq!(
+        net.nodes[1].1.usage("r", "quiet", net.now()).unwrap().used,
+        10
+    );
+}
+
+/// A batch lost on a link that stays up (a frame dropped, a connection lost and redialled):
+/// the next batch names the one before it, the receiver finds it missing and asks, and the
+/// sender sends the keys again at once, long before anti-entropy (a minute away here) or the
+/// re-sending to a peer that stopped acknowledging (`suspect_after / 2` = 150 ms) would.
+#[test]
+fn a_lost_batch_is_asked_for_and_sent_again_within_a_few_intervals() {
+    let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
+        .validate()
+        .unwrap();
+    let mut net = Net::mixed_with_anti_entropy(
+        replicas(&["eu", "us"], 1),
+        rule,
+        &[Topology::Mesh; 2],
+        60_000,
+    );
+    net.start();
+    net.lose_next_batch = Some((0, 1));
+    for _ in 0..10 {
+        net.decide(0, "quiet");
+    }
+    net.run(TICK);
+    assert!(
+        net.lose_next_batch.is_none(),
+        "the batch with the key was sent (and lost)"
+    );
+    assert_eq!(
+        net.nodes[1].1.usage("r", "quiet", net.now()).unwrap().used,
+        0
+    );
+    // The next interval's (empty) batch shows the gap; the ask and the answer take a round
+    // trip (10 ms here).
+    net.run(3 * TICK);
     assert_eq!(
         net.nodes[1].1.usage("r", "quiet", net.now()).unwrap().used,
         10

@@ -4,8 +4,10 @@ use crate::message::Message;
 
 /// The protocol version this build speaks. 2: batches carry their keys as a (possibly
 /// deflated) block, and a key's state the optimistic mode's claims (always empty since that
-/// mode was removed; the field stays so that the encoding is version 2's).
-pub const VERSION: u8 = 2;
+/// mode was removed; the field stays so that the encoding is version 2's). 3: a batch names
+/// the one sent before it to the same peer (`prev_ms`), and a peer that finds one missing
+/// says so (`Message::Missed`).
+pub const VERSION: u8 = 3;
 /// The oldest version this build decodes: one version back, so that nodes of two
 /// consecutive versions understand each other's frames during a rolling upgrade (this build
 /// always sends [`VERSION`]). See docs/replication.md, "Versions".
@@ -132,8 +134,8 @@ pub fn encode_frame(msg: &Message) -> Result<Vec<u8>, EncodeError> {
 pub fn encode_frame_as(version: u8, msg: &Message) -> Result<Option<Vec<u8>>, EncodeError> {
     match version {
         VERSION => encode_frame(msg).map(Some),
-        1 => match crate::v1::encode_payload_v1(msg)? {
-            Some(payload) => framed(1, payload).map(Some),
+        OLDEST_VERSION => match crate::v2::encode_payload_v2(msg)? {
+            Some(payload) => framed(OLDEST_VERSION, payload).map(Some),
             None => Ok(None),
         },
         other => Err(EncodeError::Version(other)),
@@ -171,7 +173,7 @@ pub fn decode_payload_of(version: u8, payload: &[u8]) -> Result<Message, DecodeE
     }
     match version {
         VERSION => {}
-        1 => return crate::v1::decode_payload_v1(payload),
+        OLDEST_VERSION => return crate::v2::decode_payload_v2(payload),
         got => {
             return Err(DecodeError::UnsupportedVersion {
                 got,

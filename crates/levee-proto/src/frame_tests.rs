@@ -1,5 +1,5 @@
 //! Tests of the frame codec (`frame.rs`): every message round-trips, other versions and
-//! oversized or truncated frames are refused, version 1 encodes and decodes as it did.
+//! oversized or truncated frames are refused, version 2 encodes and decodes as it did.
 use super::*;
 use crate::message::{KEYS_DEFLATE, WireBatch};
 use crate::*;
@@ -19,6 +19,7 @@ fn sample() -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: 1_700_000_000_123,
         ack_ms: 1_700_000_000_101,
+        prev_ms: 1_700_000_000_103,
         keys: vec![KeyEntry {
             id: b"api\0\xffacme".to_vec(),
             state,
@@ -125,6 +126,9 @@ fn frames_round_trip() {
                 },
             ],
         },
+        Message::Missed {
+            since_ms: 1_700_000_000_080,
+        },
     ] {
         let frame = encode_frame(&msg).unwrap();
         assert_eq!(decode_frame(&frame).unwrap(), msg);
@@ -155,33 +159,37 @@ fn framed(version: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Frames of the previous version, written byte by byte as a version-1 node encodes them
+/// Frames of the previous version, written byte by byte as a version-2 node encodes them
 /// (bincode varints: every value below 251 is one byte), decode into this version's
-/// messages.
+/// messages, and this version's differ from them only where version 3 changed the layout.
 #[test]
 fn frames_of_the_previous_version_decode() {
-    assert_eq!(OLDEST_VERSION, 1);
+    assert_eq!(OLDEST_VERSION, 2);
     // Hello { node: "eu-1", replica_digest: 42, incarnation: 7 }
     let hello = [&[0u8, 4][..], b"eu-1", &[42, 7]].concat();
     assert_eq!(
-        decode_frame(&framed(1, &hello)).unwrap(),
+        decode_frame(&framed(2, &hello)).unwrap(),
         Message::Hello(Hello {
             node: "eu-1".into(),
             replica_digest: 42,
             incarnation: 7,
         })
     );
-    // Deltas: sent_at 5, ack 3, one key "r\0\xffk" whose state has, in epoch 7, node 2's
-    // tally (5, 1, 9) and no transfers, a continuous transfer 0 -> 2 of 40, no registers
-    // and (version 1 has none) no claims. The keys are a plain sequence, not a block.
-    let deltas = [
-        &[1u8, 5, 3, 1, 4][..],
+    // The keys of a batch: one key "r\0\xffk" whose state has, in epoch 7, node 2's tally
+    // (5, 1, 9) and no transfers, a continuous transfer 0 -> 2 of 40, no registers and no
+    // claims; 21 bytes, sent as they are (a block this short is not deflated).
+    let keys = [
+        &[1u8, 4][..],
         b"r\0\xffk",
         &[1, 7, 1, 2, 5, 1, 9, 0],
         &[1, 0, 2, 40],
-        &[0, 0],
+        &[0, 0, 0],
     ]
     .concat();
+    assert_eq!(keys.len(), 21);
+    // Deltas (variant 1): sent_at 5, ack 3, then the block: codec 0 (plain), the keys'
+    // length, the block's (the same, not deflated), the keys.
+    let deltas = [&[1u8, 5, 3, 0, 21, 21][..], &keys].concat();
     let mut state = KeyCrdt::default();
     *state.slot_mut(7).tallies.entry(NodeIdx(2)) = Tally {
         consumed: 5,
@@ -189,63 +197,79 @@ fn frames_of_the_previous_version_decode() {
         requested: 9,
     };
     state.holdings.give(NodeIdx(0), NodeIdx(2), 40);
-    let batch = DeltaBatch {
+    let mut batch = DeltaBatch {
         sent_at_ms: 5,
         ack_ms: 3,
+        prev_ms: 0,
         keys: vec![KeyEntry {
             id: b"r\0\xffk".to_vec(),
             state,
         }],
     };
     assert_eq!(
-        decode_frame(&framed(1, &deltas)).unwrap(),
-        Message::Deltas(batch.clone())
+        decode_frame(&framed(2, &deltas)).unwrap(),
+        Message::Deltas(batch.clone()),
+        "a version-2 batch has no prev_ms: 0, unknown"
     );
     // The same keys as the last chunk of a pull (variant 5, then `done`).
     let chunk = [&[5u8][..], &deltas[1..], &[1]].concat();
     assert_eq!(
-        decode_frame(&framed(1, &chunk)).unwrap(),
-        Message::PullChunk { batch, done: true }
+        decode_frame(&framed(2, &chunk)).unwrap(),
+        Message::PullChunk {
+            batch: batch.clone(),
+            done: true
+        }
     );
     // PullRequest, and a Digest of one bucket.
     assert_eq!(
-        decode_frame(&framed(1, &[4])).unwrap(),
+        decode_frame(&framed(2, &[4])).unwrap(),
         Message::PullRequest
     );
     assert_eq!(
-        decode_frame(&framed(1, &[2, 251, 0, 1, 1, 3, 9])).unwrap(),
+        decode_frame(&framed(2, &[2, 251, 0, 1, 1, 3, 9])).unwrap(),
         Message::Digest(Digest {
             buckets: 256,
             hashes: vec![(3, 9)],
         })
     );
-    // Sent as version 1 (`cluster.wire_version = 1`), each is byte for byte what a
-    // version-1 node encodes.
+    // Sent as version 2 (`cluster.wire_version = 2`), each is byte for byte what a
+    // version-2 node encodes.
     for bytes in [&hello[..], &deltas, &chunk, &[4], &[2, 251, 0, 1, 1, 3, 9]] {
-        let frame = framed(1, bytes);
+        let frame = framed(2, bytes);
         let msg = decode_frame(&frame).unwrap();
-        assert_eq!(encode_frame_as(1, &msg).unwrap(), Some(frame), "{msg:?}");
+        assert_eq!(encode_frame_as(2, &msg).unwrap(), Some(frame), "{msg:?}");
     }
-    // The same version-1 Deltas read as version 2 is not misread: refused.
+    // Version 3 puts prev_ms after ack_ms; everything else is version 2's.
+    batch.prev_ms = 4;
+    let v3 = [&[1u8, 5, 3, 4, 0, 21, 21][..], &keys].concat();
+    assert_eq!(
+        encode_frame(&Message::Deltas(batch)).unwrap(),
+        framed(VERSION, &v3)
+    );
+    assert_eq!(
+        encode_frame(&Message::PullRequest).unwrap(),
+        framed(VERSION, &[4])
+    );
+    // The same version-2 Deltas read as version 3 is not misread: refused.
     assert!(matches!(
         decode_frame(&framed(VERSION, &deltas)),
         Err(DecodeError::Corrupted(_))
     ));
-    // Version 1's last message, which version 2 dropped, is refused, not misread.
+    // Version 3's last message, which version 2 does not have, is refused as version 2.
     assert!(matches!(
-        decode_frame(&framed(1, &[9, 1, 1, b'x'])),
+        decode_frame(&framed(2, &[13, 9])),
         Err(DecodeError::Corrupted(_))
     ));
-    // Bytes left over after a version-1 message are refused too.
+    // Bytes left over after a version-2 message are refused too.
     assert!(matches!(
-        decode_frame(&framed(1, &[4, 0])),
+        decode_frame(&framed(2, &[4, 0])),
         Err(DecodeError::Corrupted(_))
     ));
 }
 
-/// Every message version 1 has goes out as version 1 and comes back as it was (claims,
-/// which version 1 lacks, are always empty); the messages added since are not sent as
-/// version 1 at all, and no other version is encoded.
+/// Every message version 2 has goes out as version 2 and comes back as it was (`prev_ms`,
+/// which version 2 lacks, comes back 0); `Missed`, added since, is not sent as version 2 at
+/// all, and no other version is encoded.
 #[test]
 fn messages_sent_as_the_previous_version_come_back_as_they_were() {
     let forward = Message::Forward {
@@ -260,11 +284,12 @@ fn messages_sent_as_the_previous_version_come_back_as_they_were() {
             refund: true,
         }],
     };
-    let Message::Deltas(batch) = sample() else {
+    let Message::Deltas(mut batch) = sample() else {
         unreachable!("sample() is a Deltas")
     };
+    batch.prev_ms = 0;
     for msg in [
-        sample(),
+        Message::Deltas(batch.clone()),
         Message::PullChunk { batch, done: false },
         Message::Hello(Hello {
             node: "eu-1".into(),
@@ -282,12 +307,6 @@ fn messages_sent_as_the_previous_version_come_back_as_they_were() {
             id: 3,
             decisions: vec![None],
         },
-    ] {
-        let frame = encode_frame_as(1, &msg).unwrap().expect("version 1 has it");
-        assert_eq!(frame[0], 1);
-        assert_eq!(decode_frame(&frame).unwrap(), msg);
-    }
-    for newer in [
         Message::OverrideDigest { hash: 1 },
         Message::Overrides(Vec::new()),
         Message::Heard {
@@ -295,10 +314,14 @@ fn messages_sent_as_the_previous_version_come_back_as_they_were() {
             nodes: Vec::new(),
         },
     ] {
-        assert_eq!(encode_frame_as(1, &newer).unwrap(), None, "{newer:?}");
-        assert!(encode_frame_as(VERSION, &newer).unwrap().is_some());
+        let frame = encode_frame_as(2, &msg).unwrap().expect("version 2 has it");
+        assert_eq!(frame[0], 2);
+        assert_eq!(decode_frame(&frame).unwrap(), msg);
     }
-    for other in [0, VERSION + 1] {
+    let missed = Message::Missed { since_ms: 1 };
+    assert_eq!(encode_frame_as(2, &missed).unwrap(), None);
+    assert!(encode_frame_as(VERSION, &missed).unwrap().is_some());
+    for other in [0, 1, VERSION + 1] {
         assert!(matches!(
             encode_frame_as(other, &Message::PullRequest),
             Err(EncodeError::Version(v)) if v == other
@@ -366,6 +389,7 @@ fn bucket_batch(n: u64) -> DeltaBatch {
     DeltaBatch {
         sent_at_ms: 1_763_700_000_020,
         ack_ms: 1_763_700_000_001,
+        prev_ms: 1_763_700_000_000,
         keys,
     }
 }
@@ -393,6 +417,7 @@ fn a_block_that_inflates_past_its_announced_length_is_refused() {
         let wire = WireBatch {
             sent_at_ms: 1,
             ack_ms: 0,
+            prev_ms: 0,
             codec: KEYS_DEFLATE,
             raw_len,
             block: block.clone(),

@@ -18,7 +18,7 @@
 mod frame;
 mod id;
 mod message;
-mod v1;
+mod v2;
 
 pub use frame::*;
 pub use id::*;

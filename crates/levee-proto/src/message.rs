@@ -45,6 +45,10 @@ pub struct DeltaBatch {
     /// destination's clock; 0: none yet). A destination that sees this jump knows the sender
     /// missed what it sent in between and pushes it again.
     pub ack_ms: u64,
+    /// The `sent_at_ms` of the batch the sender sent the destination before this one (0:
+    /// none, or unknown: a batch of version 2). A destination whose last batch from the
+    /// sender is older missed the ones in between and says so ([`Message::Missed`]).
+    pub prev_ms: u64,
     /// The keys.
     pub keys: Vec<KeyEntry>,
 }
@@ -63,6 +67,7 @@ const DEFLATE_LEVEL: u8 = 1;
 pub(crate) struct WireBatch {
     pub(crate) sent_at_ms: u64,
     pub(crate) ack_ms: u64,
+    pub(crate) prev_ms: u64,
     /// [`KEYS_PLAIN`] or [`KEYS_DEFLATE`].
     pub(crate) codec: u8,
     /// The length of the bincode encoding of the keys.
@@ -73,23 +78,11 @@ pub(crate) struct WireBatch {
 
 impl From<DeltaBatch> for WireBatch {
     fn from(b: DeltaBatch) -> WireBatch {
-        // Encoding a Vec of plain structs into memory cannot fail; an empty block would be
-        // refused by the receiver rather than misread.
-        let raw = bincode::serde::encode_to_vec(&b.keys, config()).unwrap_or_default();
-        let raw_len = raw.len() as u32;
-        let (codec, block) = if raw.len() >= DEFLATE_FROM_BYTES {
-            let packed = miniz_oxide::deflate::compress_to_vec(&raw, DEFLATE_LEVEL);
-            if packed.len() < raw.len() {
-                (KEYS_DEFLATE, packed)
-            } else {
-                (KEYS_PLAIN, raw)
-            }
-        } else {
-            (KEYS_PLAIN, raw)
-        };
+        let (codec, raw_len, block) = pack_keys(&b.keys);
         WireBatch {
             sent_at_ms: b.sent_at_ms,
             ack_ms: b.ack_ms,
+            prev_ms: b.prev_ms,
             codec,
             raw_len,
             block,
@@ -101,42 +94,63 @@ impl TryFrom<WireBatch> for DeltaBatch {
     type Error = String;
 
     fn try_from(w: WireBatch) -> Result<DeltaBatch, String> {
-        let raw_len = w.raw_len as usize;
-        if raw_len > MAX_FRAME_BYTES {
-            return Err(format!(
-                "a batch of {raw_len} bytes is over the frame limit"
-            ));
-        }
-        let inflated;
-        let raw = match w.codec {
-            KEYS_PLAIN => w.block.as_slice(),
-            KEYS_DEFLATE => {
-                inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(&w.block, raw_len)
-                    .map_err(|e| format!("the batch's keys do not inflate: {e}"))?;
-                inflated.as_slice()
-            }
-            other => return Err(format!("unknown encoding {other} of a batch's keys")),
-        };
-        if raw.len() != raw_len {
-            return Err(format!(
-                "the batch's keys are {} bytes, {raw_len} announced",
-                raw.len()
-            ));
-        }
-        let (keys, used): (Vec<KeyEntry>, usize) =
-            bincode::serde::decode_from_slice(raw, config()).map_err(|e| e.to_string())?;
-        if used != raw.len() {
-            return Err(format!(
-                "{} bytes left over after the keys",
-                raw.len() - used
-            ));
-        }
         Ok(DeltaBatch {
             sent_at_ms: w.sent_at_ms,
             ack_ms: w.ack_ms,
-            keys,
+            prev_ms: w.prev_ms,
+            keys: unpack_keys(w.codec, w.raw_len, &w.block)?,
         })
     }
+}
+
+/// A batch's keys as one block: `(codec, raw length, block)`, deflated when that is smaller.
+pub(crate) fn pack_keys(keys: &[KeyEntry]) -> (u8, u32, Vec<u8>) {
+    // Encoding a Vec of plain structs into memory cannot fail; an empty block would be
+    // refused by the receiver rather than misread.
+    let raw = bincode::serde::encode_to_vec(keys, config()).unwrap_or_default();
+    let raw_len = raw.len() as u32;
+    if raw.len() >= DEFLATE_FROM_BYTES {
+        let packed = miniz_oxide::deflate::compress_to_vec(&raw, DEFLATE_LEVEL);
+        if packed.len() < raw.len() {
+            return (KEYS_DEFLATE, raw_len, packed);
+        }
+    }
+    (KEYS_PLAIN, raw_len, raw)
+}
+
+/// The keys of a block [`pack_keys`] made, inflating at most its announced length.
+pub(crate) fn unpack_keys(codec: u8, raw_len: u32, block: &[u8]) -> Result<Vec<KeyEntry>, String> {
+    let raw_len = raw_len as usize;
+    if raw_len > MAX_FRAME_BYTES {
+        return Err(format!(
+            "a batch of {raw_len} bytes is over the frame limit"
+        ));
+    }
+    let inflated;
+    let raw = match codec {
+        KEYS_PLAIN => block,
+        KEYS_DEFLATE => {
+            inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(block, raw_len)
+                .map_err(|e| format!("the batch's keys do not inflate: {e}"))?;
+            inflated.as_slice()
+        }
+        other => return Err(format!("unknown encoding {other} of a batch's keys")),
+    };
+    if raw.len() != raw_len {
+        return Err(format!(
+            "the batch's keys are {} bytes, {raw_len} announced",
+            raw.len()
+        ));
+    }
+    let (keys, used): (Vec<KeyEntry>, usize) =
+        bincode::serde::decode_from_slice(raw, config()).map_err(|e| e.to_string())?;
+    if used != raw.len() {
+        return Err(format!(
+            "{} bytes left over after the keys",
+            raw.len() - used
+        ));
+    }
+    Ok(keys)
 }
 
 /// Anti-entropy: hashes of the sender's keys, bucketed by key hash.
@@ -325,6 +339,13 @@ pub enum Message {
         gateway: bool,
         /// The nodes the sender hears directly.
         nodes: Vec<HeardEntry>,
+    },
+    /// The receiver's batches sent after `since_ms` (the receiver's clock: the last of its
+    /// batches the sender got before a gap) did not all arrive: the receiver sends again the
+    /// keys it sent since then. Version 3.
+    Missed {
+        /// The `sent_at_ms` of the last batch received before the gap.
+        since_ms: u64,
     },
 }
 

@@ -276,6 +276,7 @@ async fn a_message_the_decoder_refuses_is_not_delivered_and_the_link_recovers(mu
     let bomb = Message::Deltas(DeltaBatch {
         sent_at_ms: 0,
         ack_ms: 0,
+        prev_ms: 0,
         keys: vec![KeyEntry {
             id: vec![b'k'; MAX_FRAME_BYTES + 1],
             state: levee_core::KeyCrdt::default(),
@@ -691,6 +692,7 @@ fn batch(seq: u64, keys: usize) -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: seq,
         ack_ms: 0,
+        prev_ms: 0,
         keys: (0..keys)
             .map(|k| KeyEntry {
                 id: format!("api\0\u{ff}key-{seq}-{k}").into_bytes(),
@@ -719,6 +721,7 @@ fn deltas(seq: u64) -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: seq,
         ack_ms: 1_700_000_000_123,
+        prev_ms: 0,
         keys: vec![KeyEntry {
             id: b"api\0acme".to_vec(),
             state,

@@ -83,6 +83,7 @@ fn deltas() -> Message {
     Message::Deltas(DeltaBatch {
         sent_at_ms: 1_700_000_000_123,
         ack_ms: 0,
+        prev_ms: 0,
         keys: vec![KeyEntry {
             id: b"api\0acme".to_vec(),
             state,
@@ -681,6 +682,7 @@ async fn frames_to_one_peer_arrive_whole_and_in_the_order_sent() {
                 &Message::Deltas(DeltaBatch {
                     sent_at_ms: i,
                     ack_ms: 0,
+                    prev_ms: 0,
                     keys,
                 }),
             );
@@ -901,10 +903,10 @@ async fn set_peers_dials_a_moved_peer_at_its_new_address() {
     .expect("test finished in time");
 }
 
-/// A node configured to send the previous protocol version (`cluster.wire_version = 1`, while
-/// nodes of the previous build still run): its frames, requests and replies are version-1
-/// frames, which this build's nodes decode as the messages they were; a message version 1
-/// does not have is not sent at all (a version-1 node would refuse it) and is counted.
+/// A node configured to send the previous protocol version (`cluster.wire_version = 2`, while
+/// nodes of the previous build still run): its frames, requests and replies are version-2
+/// frames, which this build's nodes decode as the messages they were; a message version 2
+/// does not have is not sent at all (a version-2 node would refuse it) and is counted.
 #[tokio::test]
 async fn a_node_sending_the_previous_version_is_understood_and_sends_nothing_that_version_lacks() {
     let recorder = DebuggingRecorder::new();
@@ -925,9 +927,9 @@ async fn a_node_sending_the_previous_version_is_understood_and_sends_nothing_tha
         cfg.wire_version = levee_proto::OLDEST_VERSION;
         let (old, mut old_rx) = Transport::start(cfg).await.unwrap();
 
-        // Overrides first: not sent (version 1 has no such message); the Deltas after it
+        // `Missed` first: not sent (version 2 has no such message); the Deltas after it
         // arrive as they were.
-        old.send("new", &Message::OverrideDigest { hash: 7 });
+        old.send("new", &Message::Missed { since_ms: 7 });
         old.send("new", &deltas());
         let got = next_data(&mut new_rx).await;
         assert_eq!((got.peer.as_str(), &got.msg), ("old", &deltas()));
@@ -939,8 +941,8 @@ async fn a_node_sending_the_previous_version_is_understood_and_sends_nothing_tha
             1
         );
 
-        // A request from the new node is answered by the old one in version 1, and a request
-        // of the old one answered by the new one in version 2.
+        // A request from the new node is answered by the old one in version 2, and a request
+        // of the old one answered by the new one in version 3.
         let answer = Message::ForwardReply {
             id: 9,
             decisions: vec![None],

@@ -89,6 +89,7 @@ impl Cluster {
         self.remember_sent(&sent_ids, now);
         for &p in &peers {
             self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
+            self.answer_missed(p, now);
             self.pump(p, now, store);
         }
         self.resend_to_deaf_peers(&peers, &sent_ids, now, store);

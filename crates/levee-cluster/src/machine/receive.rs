@@ -45,6 +45,11 @@ impl Cluster {
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
             let p = &mut self.peer[i];
             p.heard_ms = p.heard_ms.max(b.sent_at_ms);
+            if let Some(since_ms) = p.chain(b) {
+                // Batches it sent after `since_ms` did not arrive: ask for their keys again
+                // rather than wait for anti-entropy.
+                self.send(from, Message::Missed { since_ms }, now);
+            }
             // An ack from the future (our clock stepped back at a restart) says nothing.
             let ack = b.ack_ms.min(now);
             let prev = self.acked_by(from);
@@ -166,6 +171,11 @@ impl Cluster {
                     .push_back(Event::ForwardReceived { from, id, checks });
             }
             Message::Heard { gateway, nodes } => self.receive_heard(from, gateway, &nodes, now),
+            Message::Missed { since_ms } => {
+                let p = &mut self.peer[i];
+                p.missed_since = Some(p.missed_since.map_or(since_ms, |s| s.min(since_ms)));
+                self.answer_missed(from, now);
+            }
             m @ (Message::Overrides(_) | Message::OverrideDigest { .. }) => {
                 self.receive_overrides(from, m, now, store);
             }
@@ -194,6 +204,27 @@ impl Cluster {
         }
         self.recent
             .since(since.saturating_sub(2 * self.cfg.gossip_interval))
+    }
+
+    /// Queues for `from` the keys sent since it said it missed our batches
+    /// ([`Message::Missed`]), at most once per gossip interval (each answer walks the
+    /// recently sent keys); an ask that comes sooner waits for the end of the interval.
+    pub(super) fn answer_missed(&mut self, from: NodeIdx, now: Millis) {
+        let i = usize::from(from.0);
+        let p = &self.peer[i];
+        let Some(since) = p.missed_since else {
+            return;
+        };
+        if p.missed_answered > 0 && now < p.missed_answered + self.cfg.gossip_interval {
+            return;
+        }
+        // A time ahead of our clock is no batch of ours.
+        if let Some(ids) = self.sent_since(since.min(now)) {
+            self.peer[i].queue_states(ids);
+        }
+        let p = &mut self.peer[i];
+        p.missed_since = None;
+        p.missed_answered = now;
     }
 
     /// Pushes `to` the state of every key we sent since it last acknowledged us (`since`);

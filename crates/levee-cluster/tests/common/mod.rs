@@ -25,6 +25,8 @@ pub(crate) struct Net {
     pub(crate) sent: u64,
     /// Answers to pulls are lost until this time.
     pub(crate) lose_pull_answers_until: u64,
+    /// The next `Deltas` with keys on this link `(from, to)` is lost.
+    pub(crate) lose_next_batch: Option<(usize, usize)>,
     /// Every `Deltas` and `Heard` message sent: (time, from, to).
     pub(crate) gossip_log: Vec<(u64, usize, usize)>,
 }
@@ -114,6 +116,7 @@ impl Net {
             drop_every: None,
             sent: 0,
             lose_pull_answers_until: 0,
+            lose_next_batch: None,
             gossip_log: Vec::new(),
         };
         net.flush();
@@ -141,7 +144,15 @@ impl Net {
                 }
                 let lost_answer = matches!(out.msg, Message::PullChunk { .. })
                     && self.now() < self.lose_pull_answers_until;
-                if lost_answer || self.drop_every.is_some_and(|k| self.sent.is_multiple_of(k)) {
+                let lost_batch = matches!(&out.msg, Message::Deltas(b) if !b.keys.is_empty())
+                    && self.lose_next_batch == Some((from, to));
+                if lost_batch {
+                    self.lose_next_batch = None;
+                }
+                if lost_answer
+                    || lost_batch
+                    || self.drop_every.is_some_and(|k| self.sent.is_multiple_of(k))
+                {
                     continue;
                 }
                 let frame = encode_frame(&out.msg).unwrap();

@@ -232,16 +232,6 @@ impl Replication {
         let _order = self.shares_order.lock();
         let (out, events, spending, view) = {
             let mut c = self.cluster.lock();
-            if config.cluster_wire_version() < levee_proto::VERSION
-                && config.replicas.digest() != c.lists().current().digest()
-            {
-                // Version 1 has no `Membership` message: this node could not say which list
-                // it runs, so a change could never be agreed.
-                return Err(levee_core::ReplicaSetError::NotASuccessor(format!(
-                    "cluster.node: this node sends protocol version {} (cluster.wire_version), which cannot carry a change of the node list; finish the upgrade first (docs/operations.md, \"Upgrading\")",
-                    config.cluster_wire_version()
-                )));
-            }
             c.change_list(config.replicas.clone(), now)?;
             let (out, events) = drain(&mut c);
             (out, events, c.spending(), c.view())
