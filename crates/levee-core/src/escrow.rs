@@ -34,7 +34,7 @@
 use crate::crdt::{DemandReg, KeyCrdt, TransferMatrix};
 use crate::decision::ClusterView;
 use crate::replica::{NodeIdx, ReplicaSet};
-use crate::rights::{NANO, holdings, own_sub_bucket, write_level};
+use crate::rights::{NANO, holdings, own_sub_bucket, tokens_of, write_level};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
 
@@ -139,30 +139,24 @@ pub(crate) fn publish_demand(
 /// Strict mode: gives this node's spare rights toward demand, in every scope the algorithm
 /// holds rights in (the current and the next epoch, or the continuous holdings). Only this
 /// node's own rows are written, and never more than it holds beyond what it needs.
-pub(crate) fn give_spare(
-    crdt: &mut KeyCrdt,
-    target: &Target<'_>,
-    ctx: &RebalanceCtx<'_>,
-    keep_stored: bool,
-) -> Gifts {
+pub(crate) fn give_spare(crdt: &mut KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Gifts {
     let algo = *target.algorithm;
     let split = split_of(target, ctx.replicas);
     let mut gifts = Gifts::default();
     for scope in scopes(&algo, ctx.now) {
-        let keep = keep_stored && matches!(scope, Scope::Continuous);
-        rebalance_scope(crdt, target, &algo, &split, (scope, keep), ctx, &mut gifts);
+        rebalance_scope(crdt, target, &algo, &split, scope, ctx, &mut gifts);
     }
     gifts
 }
 
-/// A token bucket's units of capacity `me` holds that hold no token: what it can give
-/// without clipping its level.
-fn empty_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
-    let Some((level, units)) = own_sub_bucket(crdt, target, ctx.me, ctx.replicas, ctx.now) else {
-        return u64::MAX;
-    };
-    let stored = (level.max(0) + NANO - 1) / NANO;
-    units.saturating_sub(u64::try_from(stored).unwrap_or(u64::MAX))
+/// A token bucket's units of capacity `me` can give: those its level holds a whole token
+/// for, each given with its token (the receiver adds them to its level, `KeyState::merge`).
+/// An empty unit stays until it refills. Other algorithms: no bound.
+fn full_units(crdt: &KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> u64 {
+    match own_sub_bucket(crdt, target, ctx.me, ctx.replicas, ctx.now) {
+        Some((level, units)) => units.min(tokens_of(level)),
+        None => u64::MAX,
+    }
 }
 
 /// What `me` holds of a key beyond what it used, over every scope it holds rights in (the
@@ -225,7 +219,7 @@ fn rebalance_scope(
     target: &Target<'_>,
     algo: &Algorithm,
     split: &[u64],
-    (scope, keep_stored): (Scope, bool),
+    scope: Scope,
     ctx: &RebalanceCtx<'_>,
     gifts: &mut Gifts,
 ) {
@@ -397,8 +391,8 @@ fn rebalance_scope(
         }
     }
     let mut left = my_spare;
-    if keep_stored {
-        left = left.min(empty_units(crdt, target, ctx));
+    if matches!(scope, Scope::Continuous) {
+        left = left.min(full_units(crdt, target, ctx));
     }
     for (to, units) in plan {
         let units = units.min(left);
@@ -565,9 +559,13 @@ fn give(
             if let Some((level, units_before)) =
                 own_sub_bucket(crdt, target, ctx.me, ctx.replicas, ctx.now)
             {
-                let cap_after = i128::from(units_before - units.min(units_before)) * NANO;
+                // Each unit goes with its token (the caller gives only units the level holds
+                // a whole token for): the level drops by as many tokens as the capacity.
+                let units = units.min(units_before);
+                let cap_after = i128::from(units_before - units) * NANO;
                 crdt.holdings.give(ctx.me, to, units);
-                write_level(crdt.buckets.entry(ctx.me), level.min(cap_after), ctx.now);
+                let after = (level - i128::from(units) * NANO).clamp(0, cap_after);
+                write_level(crdt.buckets.entry(ctx.me), after, ctx.now);
                 gifts.bucket = true;
             } else {
                 crdt.holdings.give(ctx.me, to, units);

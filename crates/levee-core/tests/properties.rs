@@ -512,6 +512,50 @@ fn strict_token_bucket_moves_idle_capacity_to_demand_without_exceeding_the_bucke
     );
 }
 
+/// A region of two nodes whose owner (node 0) takes one check, then rebalances and gossips
+/// for `ms`: the other node gives it its units. Returns the cluster, ready for a burst.
+fn owner_after_one_check(ms: u64) -> Cluster {
+    let mut c = Cluster::new(replicas(1, &[2]), rule(AlgorithmName::TokenBucket, 30));
+    c.step(&Step::Admit { node: 0, cost: 1 });
+    let mut t = 0;
+    while t < ms {
+        for node in 0..2 {
+            c.step(&Step::Rebalance {
+                node,
+                owner_pick: 0,
+            });
+            c.step(&Step::Gossip { node });
+        }
+        while !c.queue.is_empty() {
+            c.step(&Step::Deliver {
+                pick: 0,
+                keep: false,
+            });
+        }
+        c.step(&Step::Advance { ms: 20 });
+        t += 20;
+    }
+    c
+}
+
+/// Units of a token bucket's capacity move with their tokens: the owner that received its
+/// region-mate's units can spend the whole bucket at once, as one bucket would (burst 30,
+/// rate 15/s). Before, received units arrived empty and the giver's full sub-bucket was lost:
+/// a burst found about half the bucket.
+#[test]
+fn strict_token_bucket_units_move_with_their_tokens() {
+    let mut c = owner_after_one_check(200);
+    let before = c.admitted.len();
+    c.step(&Step::Burst { node: 0, count: 40 });
+    let burst = (c.admitted.len() - before) as u64;
+    // 29 left after the first check, plus 3 refilled over the 200 ms, at most 30 in all.
+    assert!(burst <= 30, "a burst of {burst} above the bucket");
+    assert!(
+        burst >= 28,
+        "the owner found {burst} of the bucket's tokens: the region-mate's did not come with its units"
+    );
+}
+
 #[test]
 fn strict_fixed_window_moves_idle_rights_to_demand_without_exceeding_the_limit() {
     let c = skewed_two_regions(AlgorithmName::FixedWindow, 300, 10_000);

@@ -7,6 +7,7 @@
 use crate::crdt::{EpochSlot, KeyCrdt, Lattice, TransferMatrix};
 use crate::decision::DecideCtx;
 use crate::replica::NodeIdx;
+use crate::rights::NANO;
 use crate::rule::{Algorithm, Target};
 
 use super::key_state::{KeyState, retained_range};
@@ -75,23 +76,44 @@ impl KeyState {
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(ctx.now, window_ms, limit);
         }
+        // A token bucket that receives units: its level, its register and what it had
+        // received, before the join.
         let anchor = match algo {
             Algorithm::TokenBucket { .. }
                 if delta.holdings.cells().iter().any(|c| c.to == ctx.me) =>
             {
-                let (level, cap) = self.own_level(target, ctx);
-                Some((level, cap))
+                let (level, _) = self.own_level(target, ctx);
+                let reg = self.crdt.buckets.get(ctx.me).copied();
+                Some((level, reg, self.crdt.holdings.received_by(ctx.me)))
             }
             _ => None,
         };
         let holdings_changed = self.crdt.holdings.join(&delta.holdings);
         changed |= holdings_changed;
         changed |= self.crdt.buckets.join(&delta.buckets);
-        if let Some((level, _)) = anchor.filter(|_| holdings_changed) {
+        if let Some((level, reg, received)) = anchor.filter(|_| holdings_changed) {
             // The register may have been replaced by our own older write coming back; keep
             // the lower of the two levels, which is always safe.
-            let (now_level, _) = self.own_level(target, ctx);
-            self.set_level(ctx.me, level.min(now_level), ctx.now);
+            let (now_level, cap) = self.own_level(target, ctx);
+            // Units arrive with their tokens: a giver gives only units its bucket holds tokens
+            // for, and takes those tokens off its level as it gives (`escrow::give`). They are
+            // added here, once: only increases of what this node received count, and only
+            // while its register is the one it wrote itself. A register that came back from a
+            // peer (a restart that pulls its own state) may already hold them; the units
+            // then arrive empty, which never creates a token.
+            let credit = match reg {
+                Some(r) if self.crdt.buckets.get(ctx.me) == Some(&r) => self
+                    .crdt
+                    .holdings
+                    .received_by(ctx.me)
+                    .saturating_sub(received),
+                _ => 0,
+            };
+            let credited = level
+                .min(now_level)
+                .saturating_add(i128::from(credit) * NANO)
+                .min(i128::from(cap) * NANO);
+            self.set_level(ctx.me, credited, ctx.now);
         }
         changed |= self.crdt.demand.join(&delta.demand);
         // `claims` (the removed optimistic mode's) are still in the wire format; a peer's are

@@ -42,9 +42,6 @@ pub(super) struct DemandBook {
     pub(super) unmet: (u64, Millis),
     /// When the forecast last sampled requests (its clock when it did).
     pub(super) last_demand: Millis,
-    /// A token bucket: the units of capacity this node had received when it last
-    /// rebalanced, and when it last saw that grow (0: never).
-    pub(super) received: (u64, Millis),
 }
 
 /// How long a deny's ask for rights stays published without a new deny.
@@ -102,7 +99,6 @@ impl KeyState {
                 forecast: Forecast::starting_at(now),
                 unmet: (0, 0),
                 last_demand: now,
-                received: (0, 0),
             })
         })
     }

@@ -10,12 +10,6 @@ use crate::time::Millis;
 
 use super::key_state::{DemandBook, KeyState, UNMET_TTL_MS};
 
-/// How long a token bucket's owner that received units gives only the empty part of its
-/// bucket. Chosen on the simulator's figures (`--scenario token-bucket --seeds 350`, mean / p1
-/// against the central counter: without 0.9581 / 0.4434; 1 s 0.9945 / 0.6112; 3 s 0.9991 /
-/// 0.6652, but figure 8's 90/5/5 fell from 1.014 to 0.981; docs/accuracy.md).
-pub(super) const KEEP_STORED_MS: Millis = 1_000;
-
 /// In a long window, demand that paused this long is not kept for: what the node holds
 /// beyond its use goes where requests wait, or home.
 const PAUSE_MS: Millis = 500;
@@ -51,34 +45,11 @@ impl KeyState {
         if escrow::publish_demand(&mut self.crdt, algo, ctx.me, now, forecast) {
             self.pending.demand = true;
         }
-        let keep_stored = self.received_lately(target, ctx);
-        let gifts = escrow::give_spare(&mut self.crdt, target, ctx, keep_stored);
+        let gifts = escrow::give_spare(&mut self.crdt, target, ctx);
         self.pending.slot_transfers |= gifts.epoch_transfers;
         self.pending.holdings |= gifts.holdings;
         self.pending.bucket |= gifts.bucket;
         gifts.given
-    }
-
-    /// Whether this node, a token bucket's owner, received units of capacity within the last
-    /// [`KEEP_STORED_MS`]: it then gives only the empty part of its bucket
-    /// ([`escrow::give_spare`]). Received units arrive empty and a giver clips its level to
-    /// its smaller capacity, so units sent back and forth as forecasts swing from region to
-    /// region under even demand destroyed stored tokens at every move.
-    fn received_lately(&mut self, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> bool {
-        let crate::rule::Algorithm::TokenBucket { .. } = target.algorithm else {
-            return false;
-        };
-        if ctx.owner != ctx.me {
-            return false;
-        }
-        let Some(book) = self.demand_book.as_deref_mut() else {
-            return false;
-        };
-        let got = self.crdt.holdings.received_by(ctx.me);
-        if got > book.received.0 {
-            book.received = (got, ctx.now);
-        }
-        book.received.1 > 0 && ctx.now.saturating_sub(book.received.1) < KEEP_STORED_MS
     }
 
     /// What `me` holds of this key beyond what it used: rights in the current and the next
@@ -106,7 +77,6 @@ impl KeyState {
                 forecast: Forecast::default(),
                 unmet: (0, 0),
                 last_demand: now,
-                received: (0, 0),
             })
         });
         let (unmet, at) = book.unmet;
