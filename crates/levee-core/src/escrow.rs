@@ -538,9 +538,10 @@ fn matrix(crdt: &KeyCrdt, scope: Scope) -> Option<&TransferMatrix> {
     }
 }
 
-/// Records a gift in this node's row. A token bucket first re-anchors its level at the
-/// old rate and clips it to the smaller capacity, so that no refill is counted at a rate
-/// the node no longer has and no clipped token comes back later.
+/// Records a gift in this node's row. A token bucket's units go with their tokens: its level,
+/// re-anchored at the old rate (no refill is counted at a rate the node no longer has), drops
+/// by one token per unit given, and the receiver adds them when it merges the transfer
+/// (`KeyState::merge`). The caller gives only units the level holds a token for.
 fn give(
     crdt: &mut KeyCrdt,
     target: &Target<'_>,

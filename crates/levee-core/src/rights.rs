@@ -52,7 +52,8 @@ pub(crate) fn project(
 
 /// A node's sub-bucket level at `now`. A node that never wrote its register starts full at
 /// its static share; rights it received before its first write arrive empty (they refill
-/// from then on), so receiving never creates tokens.
+/// from then on), so receiving never creates tokens. (Once it has written its register, the
+/// tokens of received units are added to it when they arrive: `KeyState::merge`.)
 #[inline]
 pub(crate) fn sub_bucket_level(
     reg: Option<&BucketReg>,

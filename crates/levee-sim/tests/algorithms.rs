@@ -77,10 +77,13 @@ fn every_algorithm_holds_its_property_with_costs_and_refunds() {
 }
 
 /// Even demand on a token bucket: forecasts swing from region to region, and capacity that
-/// went back and forth used to destroy the tokens the giver held (received units arrive
-/// empty; a giver clips its level). An owner that received units lately now gives only the
-/// empty part of its bucket (`levee_core`'s `KEEP_STORED_MS`). On these four steady worlds
-/// Levee admitted 0.797 of the central counter on average before, 0.906 after.
+/// went back and forth used to destroy the tokens the giver held (received units arrived
+/// empty; a giver clipped its level). On these four steady worlds Levee admitted 0.797 of the
+/// central counter on average then; 0.906 once an owner that received units lately gave only
+/// the empty part of its bucket; now units move with their tokens (`levee_core`'s
+/// `escrow::give` and `KeyState::merge`), nothing is destroyed by a move, and the mean here
+/// is 0.898 (over the 200 token-bucket runs of `--set algorithms --seeds 1400` it rose from
+/// 0.993 to 1.016).
 #[test]
 fn token_buckets_under_even_demand_keep_their_stored_tokens() {
     let seeds = [1u64, 141, 211, 281];
@@ -99,6 +102,7 @@ fn token_buckets_under_even_demand_keep_their_stored_tokens() {
             .0
     });
     let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    eprintln!("token buckets under even demand, against the central counter: {ratios:?}, mean {mean:.3}");
     assert!(
         mean >= 0.88,
         "utilisation against the central counter {ratios:?}"
