@@ -69,6 +69,8 @@ pub(crate) struct PeerLink {
     pub(crate) missed_since: Option<Millis>,
     /// When its last [`Message::Missed`] was answered.
     pub(crate) missed_answered: Millis,
+    /// Times its batches were found missing here and asked for again.
+    pub(crate) missed_asks: u64,
     /// It answered our pull saying it is recovering too.
     pub(crate) deferred: bool,
     /// Full states waiting to be sent to it, paced by `budget`. Each key is in it at most
@@ -99,6 +101,7 @@ impl Default for PeerLink {
             chain_ms: 0,
             missed_since: None,
             missed_answered: 0,
+            missed_asks: 0,
             told_removed: 0,
             deferred: false,
             queue: VecDeque::new(),

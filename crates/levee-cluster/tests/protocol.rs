@@ -152,6 +152,9 @@ fn a_lost_batch_is_asked_for_and_sent_again_within_a_few_intervals() {
         net.nodes[1].1.usage("r", "quiet", net.now()).unwrap().used,
         10
     );
+    // Counted once, for the operator (`levee_gossip_batches_missed_total`).
+    let status = net.nodes[1].0.peers_status(net.now());
+    assert_eq!(status[0].batches_missed, 1, "{status:?}");
 }
 
 #[test]

@@ -60,6 +60,10 @@ fn describe() {
         "Rights (tokens) this node gave to others by rebalancing (strict mode)."
     );
     describe_counter!(
+        "levee_gossip_batches_missed_total",
+        "Times a peer's batches were found missing and asked for again (see docs/replication.md, \"Lost batches\")."
+    );
+    describe_counter!(
         "levee_replication_refused_total",
         "Messages and key states from peers refused after decoding (see docs/replication.md)."
     );

@@ -102,7 +102,9 @@ fn token_buckets_under_even_demand_keep_their_stored_tokens() {
             .0
     });
     let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-    eprintln!("token buckets under even demand, against the central counter: {ratios:?}, mean {mean:.3}");
+    eprintln!(
+        "token buckets under even demand, against the central counter: {ratios:?}, mean {mean:.3}"
+    );
     assert!(
         mean >= 0.88,
         "utilisation against the central counter {ratios:?}"

@@ -70,6 +70,9 @@ pub struct PeerStatus {
     pub ack_lag_ms: Option<Millis>,
     /// Keys of full states (pulls, anti-entropy, catch-ups) waiting to be sent to it.
     pub backlog_keys: usize,
+    /// Times batches from it were found missing (a batch named one before it that never
+    /// arrived) and asked for again ([`Message::Missed`]).
+    pub batches_missed: u64,
     /// Its part in a membership change.
     pub state: PeerState,
 }
@@ -483,6 +486,7 @@ impl Cluster {
                     ack_lag_ms: (p.acked_ms > 0 && self.gateways.links.contains(&node))
                         .then(|| now.saturating_sub(p.acked_ms)),
                     backlog_keys: p.backlog_keys(),
+                    batches_missed: p.missed_asks,
                     state: self.lists.state(node),
                 }
             })

@@ -48,6 +48,7 @@ impl Cluster {
             if let Some(since_ms) = p.chain(b) {
                 // Batches it sent after `since_ms` did not arrive: ask for their keys again
                 // rather than wait for anti-entropy.
+                p.missed_asks += 1;
                 self.send(from, Message::Missed { since_ms }, now);
             }
             // An ack from the future (our clock stepped back at a restart) says nothing.

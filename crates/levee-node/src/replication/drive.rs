@@ -73,6 +73,8 @@ pub(super) async fn run_timer<H: ClusterHost>(
             if let Some(lag) = p.ack_lag_ms {
                 metrics::gauge!("levee_gossip_ack_lag_ms", "peer" => peer.clone()).set(lag as f64);
             }
+            metrics::counter!("levee_gossip_batches_missed_total", "peer" => peer.clone())
+                .absolute(p.batches_missed);
             metrics::gauge!("levee_gossip_backlog_keys", "peer" => peer).set(p.backlog_keys as f64);
         }
     }
