@@ -473,10 +473,22 @@ fn single_node_token_bucket_refills_at_its_rate_and_no_faster() {
 /// every 20 ms, and returns the admission log.
 fn skewed_two_regions(algorithm: AlgorithmName, limit: u64, ms: u64) -> Cluster {
     let mut c = Cluster::new(replicas(2, &[1, 1]), rule(algorithm, limit));
+    intervals(&mut c, ms, 10);
+    c
+}
+
+/// Gossip intervals of 20 ms for `ms`: node 0 decides `burst` checks, then every node
+/// rebalances (node 0 its region's owner) and gossips, and every message is delivered.
+fn intervals(c: &mut Cluster, ms: u64, burst: u64) {
     let mut t = 0;
     while t < ms {
-        c.step(&Step::Burst { node: 0, count: 10 });
-        for node in 0..2 {
+        if burst > 0 {
+            c.step(&Step::Burst {
+                node: 0,
+                count: burst,
+            });
+        }
+        for node in 0..c.nodes.len() {
             c.step(&Step::Rebalance {
                 node,
                 owner_pick: 0,
@@ -492,7 +504,6 @@ fn skewed_two_regions(algorithm: AlgorithmName, limit: u64, ms: u64) -> Cluster 
         c.step(&Step::Advance { ms: 20 });
         t += 20;
     }
-    c
 }
 
 #[test]
@@ -517,24 +528,7 @@ fn strict_token_bucket_moves_idle_capacity_to_demand_without_exceeding_the_bucke
 fn owner_after_one_check(ms: u64) -> Cluster {
     let mut c = Cluster::new(replicas(1, &[2]), rule(AlgorithmName::TokenBucket, 30));
     c.step(&Step::Admit { node: 0, cost: 1 });
-    let mut t = 0;
-    while t < ms {
-        for node in 0..2 {
-            c.step(&Step::Rebalance {
-                node,
-                owner_pick: 0,
-            });
-            c.step(&Step::Gossip { node });
-        }
-        while !c.queue.is_empty() {
-            c.step(&Step::Deliver {
-                pick: 0,
-                keep: false,
-            });
-        }
-        c.step(&Step::Advance { ms: 20 });
-        t += 20;
-    }
+    intervals(&mut c, ms, 0);
     c
 }
 

@@ -182,7 +182,14 @@ pub fn decode_payload_of(version: u8, payload: &[u8]) -> Result<Message, DecodeE
             });
         }
     }
-    let (msg, used): (Message, usize) = bincode::serde::decode_from_slice(payload, config())
+    decode_whole(payload)
+}
+
+/// Decodes `payload` as one `T`, refusing bytes left over after it.
+pub(crate) fn decode_whole<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+) -> Result<T, DecodeError> {
+    let (msg, used): (T, usize) = bincode::serde::decode_from_slice(payload, config())
         .map_err(|e| DecodeError::Corrupted(e.to_string()))?;
     if used != payload.len() {
         return Err(DecodeError::Corrupted(format!(

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::frame::{DecodeError, EncodeError, config};
+use crate::frame::{DecodeError, EncodeError, config, decode_whole};
 use crate::message::{
     DeltaBatch, Digest, ForwardCheck, ForwardDecision, HeardEntry, Hello, MemberList, Message,
     OverrideEntry, pack_keys, unpack_keys,
@@ -172,15 +172,7 @@ impl MessageV2 {
 
 /// Decodes a version-2 payload (whose header was checked) into this version's [`Message`].
 pub(crate) fn decode_payload_v2(payload: &[u8]) -> Result<Message, DecodeError> {
-    let (msg, used): (MessageV2, usize) = bincode::serde::decode_from_slice(payload, config())
-        .map_err(|e| DecodeError::Corrupted(e.to_string()))?;
-    if used != payload.len() {
-        return Err(DecodeError::Corrupted(format!(
-            "{} bytes left over after the message",
-            payload.len() - used
-        )));
-    }
-    Ok(msg.into())
+    decode_whole::<MessageV2>(payload).map(Message::from)
 }
 
 /// Encodes `msg` as a version-2 payload, or `None` for a message version 2 does not have.

@@ -70,8 +70,7 @@ pub struct PeerStatus {
     pub ack_lag_ms: Option<Millis>,
     /// Keys of full states (pulls, anti-entropy, catch-ups) waiting to be sent to it.
     pub backlog_keys: usize,
-    /// Times batches from it were found missing (a batch named one before it that never
-    /// arrived) and asked for again ([`Message::Missed`]).
+    /// Times its batches were found missing and asked for again ([`Message::Missed`]).
     pub batches_missed: u64,
     /// Its part in a membership change.
     pub state: PeerState,
