@@ -54,8 +54,16 @@ impl<'p> Driver<'p> {
         }
         let entry = live[self.route_rng.index(live.len())];
         let t = self.clock(entry);
-        self.demand(ask, self.plan.window_of(t));
-        match self.nodes[entry].cluster.route(name.as_bytes()) {
+        let route = self.nodes[entry].cluster.route(name.as_bytes());
+        // Demand counts in the window of the node expected to decide it, as admissions do:
+        // a check forwarded to its owner (a millisecond away, in the region) is decided by
+        // the owner's clock, which may be up to `max_clock_skew` off the entry's.
+        let decider = match route {
+            Route::Owner(owner) => usize::from(owner.0),
+            Route::Local | Route::Alone => entry,
+        };
+        self.demand(ask, self.plan.window_of(self.clock(decider)));
+        match route {
             Route::Local => self.decide(entry, ask, false),
             Route::Alone => self.decide(entry, ask, true),
             Route::Owner(owner) => {
