@@ -61,9 +61,6 @@ pub(crate) struct PeerLink {
     pub(crate) caught_up: Millis,
     /// The `sent_at_ms` of the last batch sent to it: the next one's `prev_ms`.
     pub(crate) last_batch_ms: Millis,
-    /// The latest `sent_at_ms` of its batches received (its clock), for gap detection: a
-    /// batch whose `prev_ms` is later means the ones in between were lost.
-    pub(crate) chain_ms: u64,
     /// It said it missed our batches since this time ([`Message::Missed`]); answered at most
     /// once per gossip interval (`missed_answered`).
     pub(crate) missed_since: Option<Millis>,
@@ -98,7 +95,6 @@ impl Default for PeerLink {
             acked_ms: 0,
             caught_up: 0,
             last_batch_ms: 0,
-            chain_ms: 0,
             missed_since: None,
             missed_answered: 0,
             missed_asks: 0,
@@ -135,12 +131,13 @@ impl PeerLink {
         }
     }
 
-    /// Notes a batch received from this peer; returns the `sent_at_ms` of the last one
-    /// received before it if batches sent in between never arrived (lost, or still on their
-    /// way: the transport keeps order, so only a lossy path reorders).
+    /// Notes a batch received from this peer (`heard_ms`); returns the `sent_at_ms` of the
+    /// latest one received before it if a batch named as sent in between (`prev_ms`) never
+    /// arrived (lost, or still on its way: the transport keeps order, so only a lossy path
+    /// reorders).
     pub(crate) fn chain(&mut self, b: &DeltaBatch) -> Option<u64> {
-        let gap = (self.chain_ms > 0 && b.prev_ms > self.chain_ms).then_some(self.chain_ms);
-        self.chain_ms = self.chain_ms.max(b.sent_at_ms);
+        let gap = (self.heard_ms > 0 && b.prev_ms > self.heard_ms).then_some(self.heard_ms);
+        self.heard_ms = self.heard_ms.max(b.sent_at_ms);
         gap
     }
 

@@ -61,6 +61,16 @@ impl Node {
             .handle_message(PEER, msg, self.now, &mut self.store);
     }
 
+    /// One check of each of `n` keys, `k0`..
+    fn decide_keys(&mut self, n: usize) {
+        let view = self.cluster.view();
+        for i in 0..n {
+            self.store
+                .decide("r", &format!("k{i}"), 1, self.now, view)
+                .unwrap();
+        }
+    }
+
     fn drain(&mut self) -> Vec<Event> {
         while self.cluster.poll_transmit().is_some() {}
         std::iter::from_fn(|| self.cluster.poll_event()).collect()
@@ -239,12 +249,7 @@ fn a_malformed_digest_is_refused() {
 fn repeated_bucket_requests_queue_each_key_once() {
     let mut node = Node::new();
     // Enough keys that the interval's push budget is spent and the rest waits.
-    let view = node.cluster.view();
-    for i in 0..20_000 {
-        node.store
-            .decide("r", &format!("k{i}"), 1, node.now, view)
-            .unwrap();
-    }
+    node.decide_keys(20_000);
     let all: Vec<u32> = (0..16).collect();
     let mut in_buckets = 0;
     node.store.for_each(node.now, &mut |id, _, _| {
@@ -320,12 +325,7 @@ fn keys_sent_to_peer(node: &mut Node) -> usize {
 #[test]
 fn asks_for_missed_batches_are_answered_at_most_once_per_interval() {
     let mut node = Node::new();
-    let view = node.cluster.view();
-    for i in 0..10 {
-        node.store
-            .decide("r", &format!("k{i}"), 1, node.now, view)
-            .unwrap();
-    }
+    node.decide_keys(10);
     // The peer acknowledged a batch of ours, so what was sent since is remembered for it.
     node.receive(Message::Deltas(DeltaBatch {
         sent_at_ms: T0,

@@ -44,7 +44,6 @@ impl Cluster {
         }
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
             let p = &mut self.peer[i];
-            p.heard_ms = p.heard_ms.max(b.sent_at_ms);
             if let Some(since_ms) = p.chain(b) {
                 // Batches it sent after `since_ms` did not arrive: ask for their keys again
                 // rather than wait for anti-entropy.
