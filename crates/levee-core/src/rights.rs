@@ -51,9 +51,9 @@ pub(crate) fn project(
 }
 
 /// A node's sub-bucket level at `now`. A node that never wrote its register starts full at
-/// its static share; rights it received before its first write arrive empty (they refill
-/// from then on), so receiving never creates tokens. (Once it has written its register, the
-/// tokens of received units are added to it when they arrive: `KeyState::merge`.)
+/// its static share; units it received come with their tokens, which `KeyState::merge`
+/// writes into its register when they arrive (units whose tokens were not added, after a
+/// restart, stay empty until they refill: receiving never creates tokens).
 #[inline]
 pub(crate) fn sub_bucket_level(
     reg: Option<&BucketReg>,

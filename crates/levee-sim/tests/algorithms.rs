@@ -82,7 +82,7 @@ fn every_algorithm_holds_its_property_with_costs_and_refunds() {
 /// central counter on average then; 0.906 once an owner that received units lately gave only
 /// the empty part of its bucket; now units move with their tokens (`levee_core`'s
 /// `escrow::give` and `KeyState::merge`), nothing is destroyed by a move, and the mean here
-/// is 0.898 (over the 200 token-bucket runs of `--set algorithms --seeds 1400` it rose from
+/// is 0.897 (over the 200 token-bucket runs of `--set algorithms --seeds 1400` it rose from
 /// 0.993 to 1.016).
 #[test]
 fn token_buckets_under_even_demand_keep_their_stored_tokens() {

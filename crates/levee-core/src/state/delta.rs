@@ -98,16 +98,18 @@ impl KeyState {
             // Units arrive with their tokens: a giver gives only units its bucket holds tokens
             // for, and takes those tokens off its level as it gives (`escrow::give`). They are
             // added here, once: only increases of what this node received count, and only
-            // while its register is the one it wrote itself. A register that came back from a
-            // peer (a restart that pulls its own state) may already hold them; the units
-            // then arrive empty, which never creates a token.
-            let credit = match reg {
-                Some(r) if self.crdt.buckets.get(ctx.me) == Some(&r) => self
-                    .crdt
+            // while its register is the one it wrote itself, or none yet (a node that never
+            // decided the key, such as its owner in a region without demand, whose sub-bucket
+            // is full at its share). A register that came back from a peer (a restart that
+            // pulls its own state) may already hold them; the units then arrive empty, which
+            // never creates a token.
+            let credit = if self.crdt.buckets.get(ctx.me).copied() == reg {
+                self.crdt
                     .holdings
                     .received_by(ctx.me)
-                    .saturating_sub(received),
-                _ => 0,
+                    .saturating_sub(received)
+            } else {
+                0
             };
             let credited = level
                 .min(now_level)
