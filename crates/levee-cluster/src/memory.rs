@@ -169,22 +169,27 @@ impl KeyStates for MemoryStates {
             view: ClusterView::alone(),
         };
         // A key is created only by a merge that is accepted: a refused one leaves nothing.
-        let changed = match self.keys.get_mut(id) {
-            Some(key) => key.merge(state, &target, &ctx),
+        let (merged, fresh) = match self.keys.get_mut(id) {
+            Some(key) => (key.merge_noting(state, &target, &ctx), false),
             None => {
                 let mut key = KeyState::new();
-                let changed = key.merge(state, &target, &ctx);
-                if changed.is_ok() {
+                let merged = key.merge_noting(state, &target, &ctx);
+                if merged.is_ok() {
                     self.keys.insert(id.to_vec(), key);
                 }
-                changed
+                (merged, true)
             }
-        }
-        .map_err(|e| Refused(e.to_string()))?;
-        if changed {
+        };
+        let merged = merged.map_err(|e| Refused(e.to_string()))?;
+        if merged.changed {
             self.refresh_fingerprint(id);
         }
-        self.active.insert(id.to_vec());
+        // Rebalanced at the next interval only if the merge moved what rebalancing reads
+        // (as the node's store does).
+        let wrote = self.keys.get(id).is_some_and(KeyState::has_delta);
+        if fresh || merged.moves_rights || wrote {
+            self.active.insert(id.to_vec());
+        }
         Ok(())
     }
 

@@ -110,14 +110,19 @@ pub(crate) struct Gifts {
 /// bound what is still in flight towards it. Returns whether the register was written.
 ///
 /// Nothing is written while the register would say what its absence says (no demand,
-/// nothing received): replicas that only merged a key do not gossip a register for it.
+/// nothing received): replicas that only merged a key do not gossip a register for it. Nor
+/// for a change of forecast that no node's rebalancing would act on ([`forecast_matters`]):
+/// every node merges every register written, so a key's noise would otherwise cost the
+/// whole cluster a merge at each of its owner's samples.
 pub(crate) fn publish_demand(
     crdt: &mut KeyCrdt,
-    algo: &Algorithm,
+    target: &Target<'_>,
+    replicas: &ReplicaSet,
     me: NodeIdx,
     now: Millis,
     forecast: u64,
 ) -> bool {
+    let algo = target.algorithm;
     let received = match algo.rights_per_epoch() {
         true => crdt
             .slot(algo.epoch(now))
@@ -125,7 +130,18 @@ pub(crate) fn publish_demand(
         false => crdt.holdings.received_by(me),
     };
     let published = crdt.demand.get(me).copied().unwrap_or_default();
-    if published.forecast == forecast && published.received == received {
+    if published.received == received
+        && (published.forecast == forecast
+            || !forecast_matters(
+                crdt,
+                target,
+                replicas,
+                me,
+                now,
+                published.forecast,
+                forecast,
+            ))
+    {
         return false;
     }
     *crdt.demand.entry(me) = DemandReg {
@@ -136,15 +152,52 @@ pub(crate) fn publish_demand(
     true
 }
 
+/// Whether `me`'s forecast moving from `old` (published) to `new` (tokens per epoch) is worth
+/// a write every node merges. It is when it could change what a node gives: when, in some
+/// scope, this node's need under either forecast is more than half of what it holds (below
+/// that, the node wants nothing either way, and donors see it so whichever they read). And
+/// when it moved by more than a factor of two (or to or from zero): a region-mate that takes
+/// the key over from this node, should it die, starts from the forecast it last published.
+/// The published forecast may otherwise lag the node's own, which only this node's
+/// rebalancing reads (and it reads its own).
+fn forecast_matters(
+    crdt: &KeyCrdt,
+    target: &Target<'_>,
+    replicas: &ReplicaSet,
+    me: NodeIdx,
+    now: Millis,
+    old: u64,
+    new: u64,
+) -> bool {
+    if new > old.saturating_mul(2) || old > new.saturating_mul(2) {
+        return true;
+    }
+    let algo = *target.algorithm;
+    let base = target.static_share(me, replicas);
+    scopes(&algo, now).into_iter().any(|scope| {
+        let held = matrix(crdt, scope).map_or(base, |m| holdings(base, m, me));
+        let need = |f| need_of(crdt, &algo, me, f, scope, now, HORIZON_MS);
+        need(old).max(need(new)).saturating_mul(2) > held
+    })
+}
+
 /// Strict mode: gives this node's spare rights toward demand, in every scope the algorithm
 /// holds rights in (the current and the next epoch, or the continuous holdings). Only this
-/// node's own rows are written, and never more than it holds beyond what it needs.
-pub(crate) fn give_spare(crdt: &mut KeyCrdt, target: &Target<'_>, ctx: &RebalanceCtx<'_>) -> Gifts {
+/// node's own rows are written, and never more than it holds beyond what its own `forecast`
+/// (tokens per epoch) needs.
+pub(crate) fn give_spare(
+    crdt: &mut KeyCrdt,
+    target: &Target<'_>,
+    ctx: &RebalanceCtx<'_>,
+    forecast: u64,
+) -> Gifts {
     let algo = *target.algorithm;
     let split = split_of(target, ctx.replicas);
     let mut gifts = Gifts::default();
     for scope in scopes(&algo, ctx.now) {
-        rebalance_scope(crdt, target, &algo, &split, scope, ctx, &mut gifts);
+        rebalance_scope(
+            crdt, target, &algo, &split, scope, ctx, forecast, &mut gifts,
+        );
     }
     gifts
 }
@@ -213,7 +266,9 @@ fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
     }
 }
 
-/// Gives spare rights of one scope, adding what it gave and wrote to `gifts`.
+/// Gives spare rights of one scope, adding what it gave and wrote to `gifts`. Other nodes'
+/// needs come from their published forecasts, this node's from its own `forecast`.
+#[allow(clippy::too_many_arguments)]
 fn rebalance_scope(
     crdt: &mut KeyCrdt,
     target: &Target<'_>,
@@ -221,33 +276,47 @@ fn rebalance_scope(
     split: &[u64],
     scope: Scope,
     ctx: &RebalanceCtx<'_>,
+    forecast: u64,
     gifts: &mut Gifts,
 ) {
     let replicas = ctx.replicas;
     let me = ctx.me;
+    let mi = usize::from(me.0);
+    let (long, current) = match scope {
+        Scope::Epoch { epoch, len_ms, .. } => (len_ms > HORIZON_MS, epoch == algo.epoch(ctx.now)),
+        Scope::Continuous => (false, false),
+    };
+    let empty = TransferMatrix::default();
+    let matrix = matrix(crdt, scope).unwrap_or(&empty);
+    // What a node can give to demand that presses: beyond what it needs over the horizon, or
+    // in a long window beyond what it needs soon (a request waiting now comes before a
+    // forecast's later ones, as at a central counter). A node with nothing spare gives
+    // nothing: known before anything is read of the others (most keys, at a node that gave
+    // its share to their owner).
+    let my_held = holdings(split.get(mi).copied().unwrap_or(0), matrix, me);
+    let horizon = if long { PRESS_MS } else { HORIZON_MS };
+    if my_held <= need_of(crdt, algo, me, forecast, scope, ctx.now, horizon) {
+        return;
+    }
     // What every node holds and needs, as far as this node knows.
     let n = replicas.len();
     let mut held = vec![0u64; n];
     let mut need = vec![0u64; n];
     let mut need_soon = vec![0u64; n];
     let mut received_seen = vec![0u64; n];
-    let matrix = matrix(crdt, scope).cloned().unwrap_or_default();
     for node in replicas.nodes() {
         let i = usize::from(node.0);
-        held[i] = holdings(split.get(i).copied().unwrap_or(0), &matrix, node);
+        held[i] = holdings(split.get(i).copied().unwrap_or(0), matrix, node);
         let reg = crdt.demand.get(node).copied().unwrap_or_default();
         received_seen[i] = reg.received;
-        need[i] = need_of(crdt, algo, node, reg.forecast, scope, ctx.now, HORIZON_MS);
-        need_soon[i] = need_of(crdt, algo, node, reg.forecast, scope, ctx.now, PRESS_MS);
+        let f = if node == ctx.me {
+            forecast
+        } else {
+            reg.forecast
+        };
+        need[i] = need_of(crdt, algo, node, f, scope, ctx.now, HORIZON_MS);
+        need_soon[i] = need_of(crdt, algo, node, f, scope, ctx.now, PRESS_MS);
     }
-    let mi = usize::from(me.0);
-    let (long, current) = match scope {
-        Scope::Epoch { epoch, len_ms, .. } => (len_ms > HORIZON_MS, epoch == algo.epoch(ctx.now)),
-        Scope::Continuous => (false, false),
-    };
-    // What a node can give to demand that presses: beyond what it needs over the horizon, or
-    // in a long window beyond what it needs soon (a request waiting now comes before a
-    // forecast's later ones, as at a central counter).
     let spare_of = |i: usize| held[i].saturating_sub(if long { need_soon[i] } else { need[i] });
     let my_spare = spare_of(mi);
     if my_spare == 0 {

@@ -148,11 +148,28 @@ impl KeyStates for NodeStates<'_> {
             replicas: &self.rules.replicas,
             view: ClusterView::alone(),
         };
-        // Listed as changed: the next interval's drain records the key's new fingerprint.
+        let retained = target.algorithm.retained_epochs();
+        let digest = &mut *self.digest;
         self.limiter
             .store()
-            .with_slot_noted(id, |slot| slot.state.merge(state, &target, &ctx))
-            .map(|_changed| ())
+            .with_slot_noted_if(id, |slot, fresh| {
+                let merged = slot.state.merge_noting(state, &target, &ctx);
+                let Ok(m) = merged else {
+                    return (merged.map(|_| ()), fresh);
+                };
+                // Listed as changed (the next interval rebalances it, drains what this node
+                // wrote and records its fingerprint) when the merge moved what rebalancing
+                // reads, wrote an entry of this node's (a token bucket's level credited with
+                // units received), or brought a key new here. Otherwise (another node's use
+                // of a token bucket) nothing is left for the interval to do but the
+                // fingerprint, recorded now.
+                let note = fresh || m.moves_rights || slot.state.has_delta();
+                if m.changed && !note {
+                    let fp = key_fingerprint(id, slot.state.crdt(), retained);
+                    digest.record(id, slot, fp);
+                }
+                (Ok(()), note)
+            })
             .map_err(|e| Refused(e.to_string()))
     }
 

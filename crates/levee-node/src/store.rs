@@ -262,6 +262,22 @@ impl Store {
         r
     }
 
+    /// Runs `f` on a key's slot (creating the key if needed, which `f` is told), without
+    /// counting a use, and lists the key as changed if `f` says so.
+    pub fn with_slot_noted_if<R>(
+        &self,
+        id: &[u8],
+        f: impl FnOnce(&mut Slot, bool) -> (R, bool),
+    ) -> R {
+        let (entry, fresh) = self.slot_with(id, Slot::default);
+        let mut s = entry.lock();
+        let (r, note) = f(&mut s, fresh);
+        if note {
+            self.note(&entry, &mut s);
+        }
+        r
+    }
+
     /// Runs `f` on a key's slot if the key is held, without counting a use.
     pub fn with_existing_slot<R>(&self, id: &[u8], f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
         let entry = self.map.get(id)?;

@@ -35,6 +35,20 @@ pub enum MergeError {
     Overflow,
 }
 
+/// What a merge changed ([`KeyState::merge_noting`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// The state changed.
+    pub changed: bool,
+    /// It changed something [`KeyState::rebalance`] reads to decide what this node gives: a
+    /// node's demand register, a transfer (rights given or received), or, for algorithms
+    /// whose need counts what was used (every one but the token and leaky buckets), a tally.
+    /// A merge that only brings another node's consumption of a token bucket (its bucket
+    /// register) leaves what this node would give as it was, so the key need not be
+    /// rebalanced for it.
+    pub moves_rights: bool,
+}
+
 impl KeyState {
     /// Merges a remote delta or full state. Slots of epochs outside retention are dropped
     /// (too old to matter, or from a peer whose clock runs far ahead). Returns whether the
@@ -46,6 +60,17 @@ impl KeyState {
         target: &Target<'_>,
         ctx: &DecideCtx<'_>,
     ) -> Result<bool, MergeError> {
+        self.merge_noting(delta, target, ctx).map(|m| m.changed)
+    }
+
+    /// [`KeyState::merge`], saying also whether the merge changed what rebalancing reads
+    /// ([`Merged::moves_rights`]).
+    pub fn merge_noting(
+        &mut self,
+        delta: &KeyCrdt,
+        target: &Target<'_>,
+        ctx: &DecideCtx<'_>,
+    ) -> Result<Merged, MergeError> {
         let replicas = ctx.replicas;
         if let Some(n) = delta.max_node()
             && usize::from(n.0) >= replicas.len()
@@ -67,10 +92,16 @@ impl KeyState {
             _ => &delta.slots[..],
         };
         self.check(delta, slots, replicas.len(), (oldest, newest))?;
-        let mut changed = false;
+        // A token bucket's need is its forecast alone: what others used does not move rights.
+        let tallies_move_rights = !matches!(algo, Algorithm::TokenBucket { .. });
+        let (mut changed, mut moves_rights) = (false, false);
         for slot in slots {
             if slot.epoch >= oldest && slot.epoch <= newest {
-                changed |= self.crdt.slot_mut(slot.epoch).join(slot);
+                let mine = self.crdt.slot_mut(slot.epoch);
+                let tallies = mine.tallies.join(&slot.tallies);
+                let transfers = mine.transfers.join(&slot.transfers);
+                changed |= tallies | transfers;
+                moves_rights |= transfers | (tallies & tallies_move_rights);
             }
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
@@ -90,6 +121,7 @@ impl KeyState {
         };
         let holdings_changed = self.crdt.holdings.join(&delta.holdings);
         changed |= holdings_changed;
+        moves_rights |= holdings_changed;
         changed |= self.crdt.buckets.join(&delta.buckets);
         if let Some((level, reg, received)) = anchor.filter(|_| holdings_changed) {
             // The register may have been replaced by our own older write coming back; keep
@@ -117,10 +149,15 @@ impl KeyState {
                 .min(i128::from(cap) * NANO);
             self.set_level(ctx.me, credited, ctx.now);
         }
-        changed |= self.crdt.demand.join(&delta.demand);
+        let demand_changed = self.crdt.demand.join(&delta.demand);
+        changed |= demand_changed;
+        moves_rights |= demand_changed;
         // `claims` (the removed optimistic mode's) are still in the wire format; a peer's are
         // dropped.
-        Ok(changed)
+        Ok(Merged {
+            changed,
+            moves_rights,
+        })
     }
 
     /// Refuses a delta that no honest peer sends, or whose join would overflow a sum (see

@@ -62,7 +62,7 @@ mod usage;
 
 pub use crate::rights::NANO;
 pub use decide::decide_all;
-pub use delta::MergeError;
+pub use delta::{MergeError, Merged};
 pub use evaluate::{RECOVERY_RETRY_MS, RIGHTS_RETRY_MS};
 pub use key_state::KeyState;
 pub use log::LOG_AHEAD_MS;

@@ -42,10 +42,10 @@ impl KeyState {
             0
         };
         let forecast = own.max(inherited).max(asked);
-        if escrow::publish_demand(&mut self.crdt, algo, ctx.me, now, forecast) {
+        if escrow::publish_demand(&mut self.crdt, target, ctx.replicas, ctx.me, now, forecast) {
             self.pending.demand = true;
         }
-        let gifts = escrow::give_spare(&mut self.crdt, target, ctx);
+        let gifts = escrow::give_spare(&mut self.crdt, target, ctx, forecast);
         self.pending.slot_transfers |= gifts.epoch_transfers;
         self.pending.holdings |= gifts.holdings;
         self.pending.bucket |= gifts.bucket;
