@@ -118,7 +118,7 @@ impl KeyState {
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(now, window_ms, limit);
-        } else if self.crdt.slots.len() > algo.retained_epochs() as usize + 1 {
+        } else if self.crdt.slots.len() > algo.retained_epochs() as usize + 2 {
             self.prune(algo, now);
         }
     }
