@@ -70,6 +70,8 @@ pub(crate) struct PeerLink {
     pub(crate) missed_asks: u64,
     /// It answered our pull saying it is recovering too.
     pub(crate) deferred: bool,
+    /// Its answer to our pull arrived whole.
+    pub(crate) pull_done: bool,
     /// Full states waiting to be sent to it, paced by `budget`. Each key is in it at most
     /// once as a [`Queued::State`] (see `queued`) and at most once as a
     /// [`Queued::PullAnswer`] (one answer to a pull at a time): however often the peer asks
@@ -100,6 +102,7 @@ impl Default for PeerLink {
             missed_asks: 0,
             told_removed: 0,
             deferred: false,
+            pull_done: false,
             queue: VecDeque::new(),
             queued: HashSet::new(),
             pull_queued: false,

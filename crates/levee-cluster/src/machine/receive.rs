@@ -109,6 +109,7 @@ impl Cluster {
             Message::PullChunk { batch, done } => {
                 self.merge_batch(from, batch, false, now, store);
                 if done && !self.synced {
+                    self.peer[i].pull_done = true;
                     self.pulled_from.get_or_insert((from, now));
                     self.sync_if_listed(now);
                 }
