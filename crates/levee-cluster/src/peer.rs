@@ -61,6 +61,8 @@ pub(crate) struct PeerLink {
     pub(crate) caught_up: Millis,
     /// The `sent_at_ms` of the last batch sent to it: the next one's `prev_ms`.
     pub(crate) last_batch_ms: Millis,
+    /// When the last batch holding keys was sent to it.
+    pub(crate) last_keys_ms: Millis,
     /// It said it missed our batches since this time ([`Message::Missed`]); answered at most
     /// once per gossip interval (`missed_answered`).
     pub(crate) missed_since: Option<Millis>,
@@ -97,6 +99,7 @@ impl Default for PeerLink {
             acked_ms: 0,
             caught_up: 0,
             last_batch_ms: 0,
+            last_keys_ms: 0,
             missed_since: None,
             missed_answered: 0,
             missed_asks: 0,
@@ -131,6 +134,9 @@ impl PeerLink {
             b.ack_ms = self.heard_ms;
             b.prev_ms = self.last_batch_ms;
             self.last_batch_ms = b.sent_at_ms;
+            if !b.keys.is_empty() {
+                self.last_keys_ms = now;
+            }
         }
     }
 

@@ -1,0 +1,84 @@
+//! Empty batches (heartbeats) on idle links (issue #18): a link that carries no keys gets one
+//! every `suspect_after / 10` (30 ms here, so every other 20 ms interval), not every interval;
+//! a link that carries keys, or whose peer may not hear us, still gets one every interval.
+
+mod common;
+
+use common::{Net, replicas};
+
+/// Batches `from` sent `to` in `[start, end)`.
+fn batches(net: &Net, from: usize, to: usize, start: u64, end: u64) -> usize {
+    net.gossip_log
+        .iter()
+        .filter(|&&(t, f, d)| f == from && d == to && t >= start && t < end)
+        .count()
+}
+
+#[test]
+fn an_idle_link_carries_a_heartbeat_every_other_interval_and_a_busy_one_every_interval() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000_000);
+    net.start();
+    net.run(200);
+    // Idle, both ways: every 40 ms (the first interval 30 ms or more after the last batch).
+    let t = net.now();
+    net.run(400);
+    for (from, to) in [(0, 1), (1, 0)] {
+        let n = batches(&net, from, to, t, t + 400);
+        assert_eq!(
+            n, 10,
+            "{from} -> {to}: {n} batches in 400 ms of an idle link"
+        );
+    }
+    // Node 0 decides a key every interval: its batches go every interval (20 in 400 ms);
+    // node 1's, which only acknowledge them, stay every other interval (plus a batch when an
+    // anti-entropy repair, every 200 ms here, sends the key back: digests differ while the
+    // key changes).
+    let t = net.now();
+    for _ in 0..20 {
+        assert!(net.decide(0, "k"));
+        net.run(20);
+    }
+    let busy = batches(&net, 0, 1, t, t + 400);
+    let acks = batches(&net, 1, 0, t, t + 400);
+    assert_eq!(busy, 20, "batches 0 -> 1 in 400 ms");
+    assert!((10..=12).contains(&acks), "{acks} batches 1 -> 0 in 400 ms");
+    // And the views agree: the heartbeats carried node 1's acknowledgements, and nothing was
+    // pushed again.
+    net.run(100);
+    let (a, b) = (
+        net.nodes[0].1.state("r", "k"),
+        net.nodes[1].1.state("r", "k"),
+    );
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_link_whose_acknowledgements_stop_gets_a_batch_every_interval_and_heals_at_once() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000_000);
+    net.start();
+    net.run(200);
+    net.isolate(1, true);
+    let cut = net.now();
+    net.run(400);
+    // Acknowledgements are late after 2 × 30 + 4 × 20 = 140 ms: from then on, every interval.
+    let n = batches(&net, 0, 1, cut + 160, cut + 400);
+    assert_eq!(
+        n, 12,
+        "{n} batches to a peer that stopped acknowledging, in 240 ms"
+    );
+    // A key changed during the cut reaches the other side within an interval and a round
+    // trip of the heal.
+    assert!(net.decide(0, "k"));
+    net.run(20);
+    net.isolate(1, false);
+    let heal = net.now();
+    while net.nodes[0].1.state("r", "k") != net.nodes[1].1.state("r", "k") {
+        net.run(1);
+        assert!(net.now() < heal + 100, "no agreement 100 ms after the heal");
+    }
+    assert!(
+        net.now() <= heal + 20 + 10,
+        "agreed {} ms after the heal",
+        net.now() - heal
+    );
+}
