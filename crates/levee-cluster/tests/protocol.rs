@@ -166,19 +166,7 @@ fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
     }
     net.run(2 * TICK);
     // Node 0 crashes and restarts with nothing.
-    let me = NodeIdx(0);
-    let cfg = ClusterConfig {
-        me,
-        replicas: net.replicas.clone(),
-        gossip_interval: TICK,
-        suspect_after: 300,
-        anti_entropy_interval: 200,
-        forward_timeout: 500,
-        tick_phase: 0,
-        topology: Default::default(),
-    };
-    net.nodes[0].0 = Cluster::new(cfg, net.now());
-    net.nodes[0].1.clear();
+    net.restart(0);
     assert!(net.nodes[0].0.view().recovering);
     assert!(
         !net.decide(0, "acme"),
@@ -306,18 +294,7 @@ fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
         net.decide(1, "acme");
     }
     net.run(2 * TICK);
-    let cfg = ClusterConfig {
-        me: NodeIdx(0),
-        replicas: net.replicas.clone(),
-        gossip_interval: TICK,
-        suspect_after: 300,
-        anti_entropy_interval: 200,
-        forward_timeout: 500,
-        tick_phase: 0,
-        topology: Default::default(),
-    };
-    net.nodes[0].0 = Cluster::new(cfg, net.now());
-    net.nodes[0].1.clear();
+    net.restart(0);
     // The peer hears the restarted node and answers its pull, but the answer is lost (its
     // link was still backing off); heartbeats get through, so nothing looks wrong.
     net.lose_pull_answers_until = net.now() + 200;

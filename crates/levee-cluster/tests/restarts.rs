@@ -7,25 +7,7 @@
 mod common;
 
 use common::{Net, TICK, replicas};
-use levee_cluster::{Cluster, ClusterConfig};
-use levee_core::NodeIdx;
 use levee_testkit::net::Latency;
-
-/// Node 0 restarts with nothing, as a crashed process does.
-fn restart_node_0(net: &mut Net) {
-    let cfg = ClusterConfig {
-        me: NodeIdx(0),
-        replicas: net.replicas.clone(),
-        gossip_interval: TICK,
-        suspect_after: 300,
-        anti_entropy_interval: 200,
-        forward_timeout: 500,
-        tick_phase: 0,
-        topology: Default::default(),
-    };
-    net.nodes[0].0 = Cluster::new(cfg, net.now());
-    net.nodes[0].1.clear();
-}
 
 #[test]
 fn a_restarted_node_gets_back_checks_whose_batch_one_peer_lost() {
@@ -53,7 +35,7 @@ fn a_restarted_node_gets_back_checks_whose_batch_one_peer_lost() {
     let used = |net: &Net, n: usize| net.nodes[n].1.usage("r", "acme", net.now()).unwrap().used;
     assert_eq!(used(&net, 1), 40);
     // Node 2's copy is on its way (60 ms).
-    restart_node_0(&mut net);
+    net.restart(0);
     net.flush();
     // Node 1's whole answer comes first, and is not enough: the node waits for node 2's.
     net.run(20);
@@ -87,7 +69,7 @@ fn a_dead_peer_delays_a_restart_by_at_most_suspect_after() {
     }
     net.run(4 * TICK);
     net.isolate(2, true);
-    restart_node_0(&mut net);
+    net.restart(0);
     let start = net.now();
     net.flush();
     net.run(100);

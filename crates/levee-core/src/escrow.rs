@@ -31,7 +31,7 @@
 //! (`Gifts`) so that the key's state can send it. [`crate::KeyState::rebalance`] is the
 //! public entry point.
 
-use crate::crdt::{DemandReg, KeyCrdt, TransferMatrix};
+use crate::crdt::{KeyCrdt, TransferMatrix};
 use crate::decision::ClusterView;
 use crate::replica::{NodeIdx, ReplicaSet};
 use crate::rights::{NANO, holdings, own_sub_bucket, tokens_of, write_level};
@@ -82,7 +82,7 @@ pub struct RebalanceCtx<'a> {
 
 /// One scope of rights: an epoch (fixed windows, quotas) or the continuous holdings.
 #[derive(Clone, Copy)]
-enum Scope {
+pub(crate) enum Scope {
     Epoch {
         epoch: u64,
         remaining_ms: Millis,
@@ -103,82 +103,6 @@ pub(crate) struct Gifts {
     pub(crate) holdings: bool,
     /// This node's sub-bucket register was re-anchored before its capacity shrank.
     pub(crate) bucket: bool,
-}
-
-/// Writes this node's demand register: its `forecast` (tokens per epoch; 0 unless it owns
-/// the key in its region) and the rights it has seen transferred to it, which donors read to
-/// bound what is still in flight towards it. Returns whether the register was written.
-///
-/// Nothing is written while the register would say what its absence says (no demand,
-/// nothing received): replicas that only merged a key do not gossip a register for it. Nor
-/// for a change of forecast that no node's rebalancing would act on ([`forecast_matters`]):
-/// every node merges every register written, so a key's noise would otherwise cost the
-/// whole cluster a merge at each of its owner's samples.
-pub(crate) fn publish_demand(
-    crdt: &mut KeyCrdt,
-    target: &Target<'_>,
-    replicas: &ReplicaSet,
-    me: NodeIdx,
-    now: Millis,
-    forecast: u64,
-) -> bool {
-    let algo = target.algorithm;
-    let received = match algo.rights_per_epoch() {
-        true => crdt
-            .slot(algo.epoch(now))
-            .map_or(0, |s| s.transfers.received_by(me)),
-        false => crdt.holdings.received_by(me),
-    };
-    let published = crdt.demand.get(me).copied().unwrap_or_default();
-    if published.received == received
-        && (published.forecast == forecast
-            || !forecast_matters(
-                crdt,
-                target,
-                replicas,
-                me,
-                now,
-                published.forecast,
-                forecast,
-            ))
-    {
-        return false;
-    }
-    *crdt.demand.entry(me) = DemandReg {
-        seq: published.seq.saturating_add(1),
-        forecast,
-        received,
-    };
-    true
-}
-
-/// Whether `me`'s forecast moving from `old` (published) to `new` (tokens per epoch) is worth
-/// a write every node merges. It is when it could change what a node gives: when, in some
-/// scope, this node's need under either forecast is more than half of what it holds (below
-/// that, the node wants nothing either way, and donors see it so whichever they read). And
-/// when it moved by more than a factor of two (or to or from zero): a region-mate that takes
-/// the key over from this node, should it die, starts from the forecast it last published.
-/// The published forecast may otherwise lag the node's own, which only this node's
-/// rebalancing reads (and it reads its own).
-fn forecast_matters(
-    crdt: &KeyCrdt,
-    target: &Target<'_>,
-    replicas: &ReplicaSet,
-    me: NodeIdx,
-    now: Millis,
-    old: u64,
-    new: u64,
-) -> bool {
-    if new > old.saturating_mul(2) || old > new.saturating_mul(2) {
-        return true;
-    }
-    let algo = *target.algorithm;
-    let base = target.static_share(me, replicas);
-    scopes(&algo, now).into_iter().any(|scope| {
-        let held = matrix(crdt, scope).map_or(base, |m| holdings(base, m, me));
-        let need = |f| need_of(crdt, &algo, me, f, scope, now, HORIZON_MS);
-        need(old).max(need(new)).saturating_mul(2) > held
-    })
 }
 
 /// Strict mode: gives this node's spare rights toward demand, in every scope the algorithm
@@ -245,7 +169,7 @@ fn split_of(target: &Target<'_>, replicas: &ReplicaSet) -> Vec<u64> {
 
 /// The scopes an algorithm holds rights in at `now`: the current and the next epoch, or the
 /// continuous holdings.
-fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
+pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
     if algo.rights_per_epoch() {
         let e = algo.epoch(now);
         let end = algo.epoch_end(e);
@@ -520,7 +444,7 @@ fn lent_out(
 
 /// What `node` needs in `scope`, from its forecast (tokens per epoch) over at most
 /// `horizon` ms and what it used.
-fn need_of(
+pub(crate) fn need_of(
     crdt: &KeyCrdt,
     algo: &Algorithm,
     node: NodeIdx,
@@ -600,7 +524,7 @@ fn need_of(
 }
 
 /// The transfer matrix of `scope`, if the key holds it.
-fn matrix(crdt: &KeyCrdt, scope: Scope) -> Option<&TransferMatrix> {
+pub(crate) fn matrix(crdt: &KeyCrdt, scope: Scope) -> Option<&TransferMatrix> {
     match scope {
         Scope::Epoch { epoch, .. } => crdt.slot(epoch).map(|s| &s.transfers),
         Scope::Continuous => Some(&crdt.holdings),

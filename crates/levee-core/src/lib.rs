@@ -36,6 +36,7 @@
 pub mod calendar;
 pub mod crdt;
 pub mod decision;
+mod demand;
 pub mod escrow;
 pub mod forecast;
 pub mod hash;

@@ -5,22 +5,11 @@
 //! it gave and would give the same rights again (`levee-sim --scenario crashes`, seed 564:
 //! 404 admitted of 400).
 
-use levee_core::rule::RuleSpec;
-use levee_core::{
-    ClusterView, DecideCtx, KeyCrdt, KeyState, NodeIdx, RegionMask, ReplicaSet, ReplicaSpec,
-};
+mod common;
 
-fn two_regions() -> ReplicaSet {
-    let nodes: Vec<ReplicaSpec> = ["eu", "us"]
-        .iter()
-        .map(|r| ReplicaSpec {
-            id: format!("{r}-1"),
-            region: (*r).into(),
-            weight: None,
-        })
-        .collect();
-    ReplicaSet::new(&[("eu".into(), 1), ("us".into(), 1)], &nodes).unwrap()
-}
+use common::{ctx, two_regions};
+use levee_core::rule::RuleSpec;
+use levee_core::{DecideCtx, KeyCrdt, KeyState, NodeIdx};
 
 #[test]
 fn a_gift_two_windows_ahead_of_the_receivers_clock_is_kept_and_three_are_not() {
@@ -30,16 +19,7 @@ fn a_gift_two_windows_ahead_of_the_receivers_clock_is_kept_and_three_are_not() {
     let target = rule.target(None, 1).unwrap();
     // The receiver's clock is in window 5 (late in it); the giver's, 360 ms ahead, in 6.
     let now = 5_800;
-    let ctx = DecideCtx {
-        now,
-        me: NodeIdx(1),
-        replicas: &replicas,
-        view: ClusterView {
-            unreachable: RegionMask::EMPTY,
-            acting_alone: false,
-            recovering: false,
-        },
-    };
+    let ctx = ctx(&replicas, now, 1);
     let mut delta = KeyCrdt::default();
     delta.slot_mut(7).transfers.give(NodeIdx(0), NodeIdx(1), 93);
     delta.slot_mut(8).transfers.give(NodeIdx(0), NodeIdx(1), 7);

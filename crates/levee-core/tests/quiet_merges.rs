@@ -9,39 +9,13 @@
 //!   every wobble of a low, noisy demand; once its need nears its holdings, every change is
 //!   published as before.
 
+mod common;
+
+use common::{ctx, two_regions};
 use levee_core::rule::RuleSpec;
-use levee_core::{
-    ClusterView, DecideCtx, KeyState, Merged, NodeIdx, RebalanceCtx, RegionMask, ReplicaSet,
-    ReplicaSpec, RuleMode,
-};
+use levee_core::{KeyState, Merged, NodeIdx, RebalanceCtx, RuleMode};
 
 const START: u64 = 1_700_000_000_000;
-
-/// Two regions of one node each.
-fn two_regions() -> ReplicaSet {
-    let nodes: Vec<ReplicaSpec> = ["eu", "us"]
-        .iter()
-        .map(|r| ReplicaSpec {
-            id: format!("{r}-1"),
-            region: (*r).into(),
-            weight: None,
-        })
-        .collect();
-    ReplicaSet::new(&[("eu".into(), 1), ("us".into(), 1)], &nodes).unwrap()
-}
-
-fn ctx(replicas: &ReplicaSet, now: u64, node: u16) -> DecideCtx<'_> {
-    DecideCtx {
-        now,
-        me: NodeIdx(node),
-        replicas,
-        view: ClusterView {
-            unreachable: RegionMask::EMPTY,
-            acting_alone: false,
-            recovering: false,
-        },
-    }
-}
 
 /// What node 1 saw over `seconds` of a low, noisy demand at node 0 (0 to 3 checks an
 /// interval, about 1.5 on average; three intervals in four have checks), node 0 rebalancing

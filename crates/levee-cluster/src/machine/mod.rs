@@ -351,36 +351,6 @@ impl Cluster {
         }
     }
 
-    /// Synced once the state pulled from a peer is complete and that peer's list was heard
-    /// (frames can overtake each other: a node that starts during a change must be bounded
-    /// by the lists in play before it spends), and every other peer it pulled from has
-    /// answered whole too, or is recovering itself, or is down (not heard within
-    /// `suspect_after` of the start): the node's last batch to one peer may have been lost
-    /// just before it stopped, or still be on its way to it, and another's answer holds it.
-    /// Or `suspect_after` after the first complete answer, whatever the others (a peer that
-    /// says no list, a version before live membership; one whose answer does not come).
-    pub(super) fn sync_if_listed(&mut self, now: Millis) {
-        let Some((peer, at)) = self.pulled_from else {
-            return;
-        };
-        if self.synced {
-            return;
-        }
-        let links = self.links(now);
-        let (peers, m) = (&self.peer, &self.membership);
-        let started_long_ago = now.saturating_sub(self.started) >= self.cfg.suspect_after;
-        let all_answered = links.iter().all(|&p| {
-            let st = &peers[usize::from(p.0)];
-            st.pull_done || st.deferred || (started_long_ago && !m.is_reachable(p))
-        });
-        if (self.lists.report(peer).is_some() && all_answered)
-            || now.saturating_sub(at) >= self.cfg.suspect_after
-        {
-            self.synced = true;
-            self.events.push_back(Event::Synced);
-        }
-    }
-
     fn peers(&self) -> Vec<NodeIdx> {
         self.cfg
             .replicas

@@ -203,6 +203,23 @@ impl Net {
             .allowed
     }
 
+    /// Node `node` restarts with nothing, as a crashed process does: a new `Cluster` (the
+    /// harness's configuration, mesh) and an empty store. Its pull goes out at the next flush.
+    pub(crate) fn restart(&mut self, node: usize) {
+        let cfg = ClusterConfig {
+            me: NodeIdx(node as u16),
+            replicas: self.replicas.clone(),
+            gossip_interval: TICK,
+            suspect_after: 300,
+            anti_entropy_interval: 200,
+            forward_timeout: 500,
+            tick_phase: 0,
+            topology: Topology::Mesh,
+        };
+        self.nodes[node].0 = Cluster::new(cfg, self.now());
+        self.nodes[node].1.clear();
+    }
+
     /// Cuts every link to and from `node`, or mends them all.
     pub(crate) fn isolate(&mut self, node: usize, cut: bool) {
         if cut {

@@ -42,7 +42,14 @@ impl KeyState {
             0
         };
         let forecast = own.max(inherited).max(asked);
-        if escrow::publish_demand(&mut self.crdt, target, ctx.replicas, ctx.me, now, forecast) {
+        if crate::demand::publish_demand(
+            &mut self.crdt,
+            target,
+            ctx.replicas,
+            ctx.me,
+            now,
+            forecast,
+        ) {
             self.pending.demand = true;
         }
         let gifts = escrow::give_spare(&mut self.crdt, target, ctx, forecast);
