@@ -132,7 +132,14 @@ impl Cluster {
     /// [`Cluster::idle_heartbeat`]: an idle link costs each end a frame and its QUIC
     /// acknowledgement that often, not every interval (issue #18; in a 3 × 2 cluster at 20 ms,
     /// 33 ms of CPU a second per idle node, 13 at 100 ms).
+    ///
+    /// With regional gossip (or while any peer gossips by regions, a rolling change of the
+    /// setting), every interval as before: the choice and replacement of gateways read the
+    /// batches and acknowledgements of each link interval by interval.
     fn heartbeat_due(&self, p: NodeIdx, now: Millis) -> bool {
+        if self.regional_in_play(now) {
+            return true;
+        }
         let every = self.idle_heartbeat();
         let interval = self.cfg.gossip_interval;
         let st = &self.peer[usize::from(p.0)];

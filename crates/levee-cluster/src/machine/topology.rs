@@ -196,14 +196,19 @@ impl Cluster {
     /// node gossips by regions); and every interval, a gateway chosen just
     /// now or that does not acknowledge this node (its word may have been lost: a cut that
     /// just healed) is told at once.
+    /// Whether this node or a peer heard within `suspect_after` gossips by regions.
+    pub(super) fn regional_in_play(&self, now: Millis) -> bool {
+        self.cfg.topology == Topology::Regions
+            || self
+                .gateways
+                .regional
+                .any_within(now, self.cfg.suspect_after)
+    }
+
     pub(super) fn send_heard(&mut self, links: &[NodeIdx], now: Millis) {
         // A mesh node says it only while some peer gossips by regions (a rolling change of
         // the setting): those peers learn from it who is alive. A mesh cluster sends none.
-        let mixed = self
-            .gateways
-            .regional
-            .any_within(now, self.cfg.suspect_after);
-        if self.cfg.topology == Topology::Mesh && !mixed {
+        if !self.regional_in_play(now) {
             return;
         }
         let deaf_after = self.deaf_after();
