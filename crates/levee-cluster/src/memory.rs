@@ -137,6 +137,34 @@ impl MemoryStates {
     }
 }
 
+/// Merges a peer's state of key `id` into a map of key states, as a node's store does: the
+/// key is created only by a merge that is accepted (a refused one leaves nothing), and listed
+/// in `active` (rebalanced and drained at the next interval) only when it is new here, the
+/// merge moved what rebalancing reads, or it wrote an entry of this node's. Returns whether
+/// the state changed. [`MemoryStates`] and the simulator's store share it.
+pub fn merge_key(
+    keys: &mut BTreeMap<Vec<u8>, KeyState>,
+    active: &mut BTreeSet<Vec<u8>>,
+    id: &[u8],
+    state: &KeyCrdt,
+    target: &Target<'_>,
+    ctx: &DecideCtx<'_>,
+) -> Result<bool, levee_core::MergeError> {
+    let fresh = !keys.contains_key(id);
+    let key = keys.entry(id.to_vec()).or_default();
+    let merged = key.merge_noting(state, target, ctx);
+    let Ok(m) = merged else {
+        if fresh {
+            keys.remove(id);
+        }
+        return merged.map(|m| m.changed);
+    };
+    if fresh || m.moves_rights || key.has_delta() {
+        active.insert(id.to_vec());
+    }
+    Ok(m.changed)
+}
+
 impl KeyStates for MemoryStates {
     fn drain_deltas(&mut self, max: usize) -> Vec<(Vec<u8>, KeyCrdt)> {
         let mut out = Vec::new();
@@ -168,27 +196,10 @@ impl KeyStates for MemoryStates {
             replicas: &self.replicas,
             view: ClusterView::alone(),
         };
-        // A key is created only by a merge that is accepted: a refused one leaves nothing.
-        let (merged, fresh) = match self.keys.get_mut(id) {
-            Some(key) => (key.merge_noting(state, &target, &ctx), false),
-            None => {
-                let mut key = KeyState::new();
-                let merged = key.merge_noting(state, &target, &ctx);
-                if merged.is_ok() {
-                    self.keys.insert(id.to_vec(), key);
-                }
-                (merged, true)
-            }
-        };
-        let merged = merged.map_err(|e| Refused(e.to_string()))?;
-        if merged.changed {
+        let changed = merge_key(&mut self.keys, &mut self.active, id, state, &target, &ctx)
+            .map_err(|e| Refused(e.to_string()))?;
+        if changed {
             self.refresh_fingerprint(id);
-        }
-        // Rebalanced at the next interval only if the merge moved what rebalancing reads
-        // (as the node's store does).
-        let wrote = self.keys.get(id).is_some_and(KeyState::has_delta);
-        if fresh || merged.moves_rights || wrote {
-            self.active.insert(id.to_vec());
         }
         Ok(())
     }

@@ -96,8 +96,11 @@ impl Cluster {
         // A peer that got nothing else this interval gets an empty batch when one is due
         // (`heartbeat_due`): silence means trouble, a healed link is seen within an interval,
         // and the batch carries our acknowledgement of the peer's.
+        let every_interval = self.regional_in_play(now);
         for &p in &peers {
-            if self.peer[usize::from(p.0)].last_sent < now && self.heartbeat_due(p, now) {
+            if self.peer[usize::from(p.0)].last_sent < now
+                && (every_interval || self.heartbeat_due(p, now))
+            {
                 self.send(p, Message::Deltas(batch(now, vec![])), now);
             }
         }
@@ -124,7 +127,10 @@ impl Cluster {
         }
     }
 
-    /// Whether a peer this node has nothing to send gets an empty batch this interval.
+    /// Whether a peer of a mesh this node has nothing to send gets an empty batch this
+    /// interval (with regional gossip in play every link gets one every interval: the choice
+    /// and replacement of gateways read each link's batches and acknowledgements interval by
+    /// interval).
     /// Every interval while the link may be in trouble — the peer unreachable, or its
     /// acknowledgements late — so that a healed link is seen within an interval, and for two
     /// intervals after a batch of keys, so that the loss of the last one is noticed (and asked
@@ -132,14 +138,7 @@ impl Cluster {
     /// [`Cluster::idle_heartbeat`]: an idle link costs each end a frame and its QUIC
     /// acknowledgement that often, not every interval (issue #18; in a 3 × 2 cluster at 20 ms,
     /// 33 ms of CPU a second per idle node, 13 at 100 ms).
-    ///
-    /// With regional gossip (or while any peer gossips by regions, a rolling change of the
-    /// setting), every interval as before: the choice and replacement of gateways read the
-    /// batches and acknowledgements of each link interval by interval.
     fn heartbeat_due(&self, p: NodeIdx, now: Millis) -> bool {
-        if self.regional_in_play(now) {
-            return true;
-        }
         let every = self.idle_heartbeat();
         let interval = self.cfg.gossip_interval;
         let st = &self.peer[usize::from(p.0)];

@@ -393,31 +393,22 @@ impl KeyStates for SimStates {
             replicas: &self.replicas,
             view: ClusterView::alone(),
         };
-        let (merged, fresh) = match self.keys.get_mut(id) {
-            Some(key) => (key.merge_noting(state, &target, &ctx), false),
-            None => {
-                let mut key = KeyState::new();
-                let merged = key.merge_noting(state, &target, &ctx);
-                if merged.is_ok() {
-                    self.keys.insert(id.to_vec(), key);
-                }
-                (merged, true)
-            }
-        };
-        let merged = merged.map_err(|e| {
+        let changed = levee_cluster::memory::merge_key(
+            &mut self.keys,
+            &mut self.active,
+            id,
+            state,
+            &target,
+            &ctx,
+        )
+        .map_err(|e| {
             if matches!(e, MergeError::UnknownNode { .. }) {
                 self.unknown_node += 1;
             }
             Refused(e.to_string())
         })?;
-        if merged.changed {
+        if changed {
             self.refresh_fingerprint(id);
-        }
-        // Rebalanced at the next interval only if the merge moved what rebalancing reads
-        // (as the node's store does).
-        let wrote = self.keys.get(id).is_some_and(KeyState::has_delta);
-        if fresh || merged.moves_rights || wrote {
-            self.active.insert(id.to_vec());
         }
         Ok(())
     }
