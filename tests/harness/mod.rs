@@ -263,8 +263,10 @@ impl LocalClusterHandle {
             .iter()
             .map(|&(node, removed)| Listed { node, removed })
             .collect();
-        self.c.set_list(&list).unwrap_or_else(|e| panic!("{e}"));
+        // Read before the files change: a node also reloads a changed file on its own (its
+        // config watcher), and one that did before this read would look unchanged.
         let before: Vec<Value> = nodes.iter().map(|&i| self.membership(i)).collect();
+        self.c.set_list(&list).unwrap_or_else(|e| panic!("{e}"));
         for &i in nodes {
             self.c.signal(i, "HUP").unwrap_or_else(|e| panic!("{e}"));
         }
