@@ -89,5 +89,5 @@ pub use machine::{
 };
 pub use peer::{MAX_KEYS_PER_MESSAGE, Outgoing, PUSH_KEYS_PER_TICK};
 pub use recent::MAX_RECENT_KEYS;
-pub use routing::{Route, key_of};
+pub use routing::{Route, Router, Routes, key_of};
 pub use store::{KeyStates, Refused};

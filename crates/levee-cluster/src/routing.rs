@@ -7,7 +7,12 @@
 //! `forward_timeout` ([`crate::Event::ForwardFailed`]), the receiving node decides alone,
 //! under its own conservative cap, and says so (`acting_alone`, `degraded: true`).
 
-use levee_core::NodeIdx;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use levee_core::{NodeIdx, RegionIdx, ReplicaSet};
+
+use crate::ring::Rings;
 
 /// Where a check of a key is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,5 +31,128 @@ pub fn key_of(id: &[u8]) -> &[u8] {
     match id.iter().position(|&b| b == 0) {
         Some(z) if id.len() >= z + 2 => &id[z + 2..],
         _ => id,
+    }
+}
+
+/// Who owns which key, as of the machine's last change of reachability or of the list: the
+/// rings of the reachable nodes and of every node, and which nodes were reachable. The
+/// machine rebuilds it whenever one of those changes ([`crate::Cluster`]), and publishes it
+/// to [`Routes`], which the request path reads without the machine's lock.
+pub struct Router {
+    me: NodeIdx,
+    /// This node's region, where its keys' owners are looked for first.
+    region: RegionIdx,
+    regions: usize,
+    /// The rings of the nodes that are reachable and not leaving.
+    rings: Rings,
+    /// The rings of every node not leaving, reachable or not: a key's owner when every node
+    /// is up.
+    full_rings: Rings,
+    /// By position: whether the node was reachable when the rings were built.
+    reachable: Vec<bool>,
+}
+
+impl Router {
+    /// The rings of `replicas` for `me`: `reachable(n)` says whether node `n` is reachable,
+    /// `leaving(n)` whether it leaves (it owns no key then).
+    pub(crate) fn new(
+        replicas: &ReplicaSet,
+        me: NodeIdx,
+        reachable: impl Fn(NodeIdx) -> bool,
+        leaving: impl Fn(NodeIdx) -> bool,
+    ) -> Router {
+        Router {
+            me,
+            region: replicas.region_of(me),
+            regions: replicas.regions().len(),
+            rings: Rings::new(replicas, |n| reachable(n) && !leaving(n)),
+            full_rings: Rings::new(replicas, |n| !leaving(n)),
+            reachable: replicas.positions().map(&reachable).collect(),
+        }
+    }
+
+    fn is_reachable(&self, n: NodeIdx) -> bool {
+        n == self.me
+            || self
+                .reachable
+                .get(usize::from(n.0))
+                .copied()
+                .unwrap_or(false)
+    }
+
+    /// The owner of `key` (a key's own bytes, see [`key_of`]): a reachable node of this
+    /// node's region, or, if none is, of the first region that has one; this node if none.
+    pub fn owner(&self, key: &[u8]) -> NodeIdx {
+        self.rings
+            .owner(self.region, key)
+            .or_else(|| {
+                (0..self.regions)
+                    .map(|r| RegionIdx(r as u16))
+                    .filter(|&r| r != self.region)
+                    .find_map(|r| self.rings.owner(r, key))
+            })
+            .unwrap_or(self.me)
+    }
+
+    /// The key's owner when every node of this region is up, if that is another node and it
+    /// is unreachable: the key's checks now come to another node of the region (this one,
+    /// if [`Router::owner`] says so), which serves the demand the owner was serving.
+    pub fn taken_over_from(&self, key: &[u8]) -> Option<NodeIdx> {
+        let natural = self.full_rings.owner(self.region, key)?;
+        (natural != self.me && !self.is_reachable(natural)).then_some(natural)
+    }
+
+    /// Where a check of `key` is decided. A key this node took over from an unreachable
+    /// region-mate is decided here, alone: the owner's rights are out of reach, and the
+    /// answer says so.
+    pub fn route(&self, key: &[u8]) -> Route {
+        let owner = self.owner(key);
+        if owner == self.me {
+            if self.taken_over_from(key).is_some() {
+                Route::Alone
+            } else {
+                Route::Local
+            }
+        } else if self.is_reachable(owner) {
+            Route::Owner(owner)
+        } else {
+            Route::Alone
+        }
+    }
+}
+
+/// The machine's current [`Router`], readable by any thread without the machine's lock:
+/// what the request path routes by. A clone reads the same router.
+#[derive(Clone)]
+pub struct Routes(Arc<ArcSwap<Router>>);
+
+impl Routes {
+    pub(crate) fn new(router: Router) -> Routes {
+        Routes(Arc::new(ArcSwap::from_pointee(router)))
+    }
+
+    pub(crate) fn set(&self, router: Router) {
+        self.0.store(Arc::new(router));
+    }
+
+    /// The router in force.
+    pub fn load(&self) -> arc_swap::Guard<Arc<Router>> {
+        self.0.load()
+    }
+
+    /// Where a check of `key` is decided now ([`Router::route`]).
+    pub fn route(&self, key: &[u8]) -> Route {
+        self.0.load().route(key)
+    }
+
+    /// The owner of `key` now ([`Router::owner`]).
+    pub fn owner(&self, key: &[u8]) -> NodeIdx {
+        self.0.load().owner(key)
+    }
+}
+
+impl std::fmt::Debug for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routes").finish_non_exhaustive()
     }
 }

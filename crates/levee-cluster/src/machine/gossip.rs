@@ -164,20 +164,16 @@ impl Cluster {
             store.activate_all();
         }
         let view = self.view();
-        let rings = &self.rings;
+        let router = self.routes.load();
         let replicas = &self.cfg.replicas;
         let me = self.cfg.me;
-        let region = replicas.region_of(me);
-        let full_rings = &self.full_rings;
         let membership = &self.membership;
         let mut given = 0u64;
         store.update_active(&mut |id, state, target| {
             let capacity = target.algorithm.capacity() as f64;
-            let owner = super::owner_in(rings, replicas, me, key_of(id));
+            let owner = router.owner(key_of(id));
             // A key taken over from an unreachable owner: its demand is this node's now.
-            let inherit_from = full_rings
-                .owner(region, key_of(id))
-                .filter(|&n| owner == me && n != me && !membership.is_reachable(n));
+            let inherit_from = router.taken_over_from(key_of(id)).filter(|_| owner == me);
             let ctx = RebalanceCtx {
                 now,
                 me,

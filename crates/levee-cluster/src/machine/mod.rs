@@ -12,8 +12,7 @@ use crate::lists::{Lists, PeerState};
 use crate::membership::{Change, Membership};
 use crate::peer::{Outgoing, PeerLink};
 use crate::recent::RecentlySent;
-use crate::ring::Rings;
-use crate::routing::Route;
+use crate::routing::{Route, Router, Routes};
 use crate::store::KeyStates;
 
 mod gossip;
@@ -84,9 +83,9 @@ pub struct Cluster {
     /// While the list is not agreed, when this node next tells every peer the list it runs.
     next_membership: Millis,
     membership: Membership,
-    rings: Rings,
-    /// The rings of every node, reachable or not: a key's owner when every node is up.
-    full_rings: Rings,
+    /// Who owns which key, rebuilt whenever reachability or the list changes; the request
+    /// path reads it without this machine's lock ([`Cluster::routes`]).
+    routes: Routes,
     out: VecDeque<Outgoing>,
     events: VecDeque<Event>,
     /// The view last reported as [`Event::ViewChanged`].
@@ -120,15 +119,13 @@ impl Cluster {
         let membership = Membership::new(&cfg.replicas, cfg.me, cfg.suspect_after);
         let lists = Lists::new(cfg.replicas.clone(), cfg.me);
         let me = cfg.me;
-        let rings = Rings::new(&cfg.replicas, |n| n == me);
-        let full_rings = Rings::new(&cfg.replicas, |_| true);
+        let routes = Routes::new(Router::new(&cfg.replicas, me, |n| n == me, |_| false));
         let n = cfg.replicas.len();
         let mut c = Cluster {
             lists,
             next_membership: now + cfg.anti_entropy_interval,
             membership,
-            rings,
-            full_rings,
+            routes,
             out: VecDeque::new(),
             events: VecDeque::new(),
             reported_view: ClusterView::alone(),
@@ -250,10 +247,19 @@ impl Cluster {
     /// a live node of its region, neither leaving nor (for [`Cluster::owner`]) unreachable.
     fn rebuild_rings(&mut self) {
         let (m, lists) = (&self.membership, &self.lists);
-        self.rings = Rings::new(&self.cfg.replicas, |n| {
-            m.is_reachable(n) && !lists.is_leaving(n)
-        });
-        self.full_rings = Rings::new(&self.cfg.replicas, |n| !lists.is_leaving(n));
+        self.routes.set(Router::new(
+            &self.cfg.replicas,
+            self.cfg.me,
+            |n| m.is_reachable(n),
+            |n| lists.is_leaving(n),
+        ));
+    }
+
+    /// Who owns which key, as the machine last decided: a handle that reads the current
+    /// [`Router`] without this machine's lock, so that checks are routed while the machine
+    /// merges a batch or ends an interval.
+    pub fn routes(&self) -> Routes {
+        self.routes.clone()
     }
 
     /// `POST /admin/leave`: this node owns no key from now on (its region-mates take its keys
@@ -409,34 +415,18 @@ impl Cluster {
     /// leaving. A leaving node that is the last of its region: the key's owner in the first
     /// other region that has one (or itself, if none has).
     pub fn owner(&self, key: &[u8]) -> NodeIdx {
-        owner_in(&self.rings, &self.cfg.replicas, self.cfg.me, key)
+        self.routes.owner(key)
     }
 
-    /// Where a check of `key` is decided (see [`crate::routing`]). A key this node took over
-    /// from an unreachable region-mate (see [`Cluster::taken_over_from`]) is decided here,
-    /// alone: the owner's rights are out of reach, and the answer says so.
+    /// Where a check of `key` is decided ([`Router::route`], see [`crate::routing`]).
     pub fn route(&self, key: &[u8]) -> Route {
-        let owner = self.owner(key);
-        if owner == self.cfg.me {
-            if self.taken_over_from(key).is_some() {
-                Route::Alone
-            } else {
-                Route::Local
-            }
-        } else if self.membership.is_reachable(owner) {
-            Route::Owner(owner)
-        } else {
-            Route::Alone
-        }
+        self.routes.route(key)
     }
 
     /// The key's owner when every node of this region is up, if that is another node and it
-    /// is unreachable: the key's checks now come to another node of the region (this one,
-    /// if [`Cluster::owner`] says so), which serves the demand the owner was serving.
+    /// is unreachable ([`Router::taken_over_from`]).
     pub fn taken_over_from(&self, key: &[u8]) -> Option<NodeIdx> {
-        let region = self.cfg.replicas.region_of(self.cfg.me);
-        let natural = self.full_rings.owner(region, key)?;
-        (natural != self.cfg.me && !self.membership.is_reachable(natural)).then_some(natural)
+        self.routes.load().taken_over_from(key)
     }
 
     /// Frames or states refused so far.
@@ -566,18 +556,4 @@ impl Cluster {
         }
         self.report_view();
     }
-}
-
-/// [`Cluster::owner`] for `me`, over `rings`.
-pub(super) fn owner_in(rings: &Rings, replicas: &ReplicaSet, me: NodeIdx, key: &[u8]) -> NodeIdx {
-    let region = replicas.region_of(me);
-    rings
-        .owner(region, key)
-        .or_else(|| {
-            replicas
-                .regions()
-                .filter(|&r| r != region)
-                .find_map(|r| rings.owner(r, key))
-        })
-        .unwrap_or(me)
 }

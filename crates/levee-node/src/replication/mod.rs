@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Outgoing, Route};
+use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Outgoing, Route, Routes};
 use levee_core::{Millis, NodeIdx, ReplicaSet};
 use levee_proto::{ForwardCheck, ForwardDecision, Hello};
 use levee_transport::{Inbound, PeerAddr, TlsFiles, Transport, TransportConfig};
@@ -68,6 +68,9 @@ type Answer = Option<Vec<Option<ForwardDecision>>>;
 /// The running cluster side of a node.
 pub struct Replication {
     cluster: Mutex<Cluster>,
+    /// The machine's routing table, read by checks without the machine's lock (which gossip
+    /// holds while it merges a batch or ends an interval).
+    routes: Routes,
     /// The store's anti-entropy digest; locked only while `cluster` is.
     digest: Mutex<NodeDigest>,
     transport: Transport,
@@ -167,6 +170,7 @@ impl Replication {
             now,
         );
         let repl = Arc::new(Replication {
+            routes: state.routes(),
             cluster: Mutex::new(state),
             digest: Mutex::new(NodeDigest::default()),
             transport,
@@ -283,12 +287,12 @@ impl Replication {
 
     /// Where a check of `key` is decided.
     pub fn route(&self, key: &str) -> Route {
-        self.cluster.lock().route(key.as_bytes())
+        self.routes.route(key.as_bytes())
     }
 
     /// The owner of `key` in this node's region.
     pub fn owner(&self, key: &str) -> NodeIdx {
-        self.cluster.lock().owner(key.as_bytes())
+        self.routes.owner(key.as_bytes())
     }
 
     /// This node.
