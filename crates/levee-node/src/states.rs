@@ -152,10 +152,10 @@ impl KeyStates for NodeStates<'_> {
         let digest = &mut *self.digest;
         self.limiter
             .store()
-            .with_slot_noted_if(id, |slot, fresh| {
+            .merge_slot_noted_if(id, |slot, fresh| {
                 let merged = slot.state.merge_noting(state, &target, &ctx);
                 let Ok(m) = merged else {
-                    return (merged.map(|_| ()), fresh);
+                    return (merged.map(|_| ()), false);
                 };
                 // Listed as changed (the next interval rebalances it, drains what this node
                 // wrote and records its fingerprint) when the merge moved what rebalancing
@@ -373,5 +373,69 @@ mod tests {
         let sent = NodeStates::new(&eu, &mut digest).drain_deltas(usize::MAX);
         assert_eq!(sent.len(), 1);
         assert_eq!(eu.usage("q", "gone", None).expect("usage").usage.used, 1);
+    }
+
+    /// A merge the store refuses (here: a state naming a node this node's list does not
+    /// have) creates no key, so it evicts none from a full store and lists nothing.
+    #[test]
+    fn a_refused_merge_of_a_new_key_leaves_nothing_and_evicts_nothing() {
+        let eu = node("eu-1", 3);
+        eu.store().track_changes();
+        for k in ["a", "b", "c"] {
+            charge(&eu, k, 1);
+        }
+        let mut digest = NodeDigest::default();
+        assert_eq!(
+            NodeStates::new(&eu, &mut digest)
+                .drain_deltas(usize::MAX)
+                .len(),
+            3
+        );
+        // A node of a longer list (a third node, position 2) charges a key eu-1 has not seen.
+        let text = "[node]\nid = \"ap-1\"\nregion = \"ap\"\n\n\
+             [cluster]\nregions = { eu = 1, us = 1, ap = 1 }\n\
+             tls = { ca = \"ca.pem\", cert = \"n.pem\", key = \"n.key\" }\n\
+             [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9001\"\n\
+             [[cluster.node]]\nid = \"us-1\"\nregion = \"us\"\naddr = \"127.0.0.1:9002\"\n\
+             [[cluster.node]]\nid = \"ap-1\"\nregion = \"ap\"\naddr = \"127.0.0.1:9003\"\n\n\
+             [[rule]]\nname = \"q\"\nalgorithm = \"quota\"\nlimit = 1000\nperiod = \"month\"\n";
+        let ap = Limiter::new(
+            &Config::parse(text, "t.toml").expect("valid"),
+            Clock::default(),
+        );
+        ap.store().track_changes();
+        charge(&ap, "new", 1);
+        let mut d = NodeDigest::default();
+        let deltas = NodeStates::new(&ap, &mut d).drain_deltas(usize::MAX);
+        assert_eq!(deltas.len(), 1);
+        let now = eu.clock.now_ms();
+        let mut into = NodeStates::new(&eu, &mut digest);
+        for (id, crdt) in &deltas {
+            assert!(
+                into.merge(id, crdt, now).is_err(),
+                "a state naming node 2 merged"
+            );
+        }
+        drop(into);
+        assert_eq!(eu.store().len(), 3);
+        assert_eq!(
+            eu.store().evictions(),
+            0,
+            "a refused key evicted a held one"
+        );
+        let mut id = Vec::new();
+        encode_id(&mut id, "q", None, "new");
+        assert!(
+            eu.store().peek(&id, |_| ()).is_none(),
+            "the refused key was created"
+        );
+        for k in ["a", "b", "c"] {
+            assert_eq!(eu.usage("q", k, None).expect("usage").usage.used, 1);
+        }
+        assert!(
+            NodeStates::new(&eu, &mut digest)
+                .drain_deltas(usize::MAX)
+                .is_empty()
+        );
     }
 }

@@ -262,18 +262,48 @@ impl Store {
         r
     }
 
-    /// Runs `f` on a key's slot (creating the key if needed, which `f` is told), without
-    /// counting a use, and lists the key as changed if `f` says so.
-    pub fn with_slot_noted_if<R>(
+    /// Runs `f` on a key's slot (told whether the key is new) without counting a use, and
+    /// lists the key as changed if `f` says so: a merge from a peer. A missing key is created
+    /// only if `f` accepts it: for a key not held, `f` runs first on a fresh slot
+    /// outside the map, which is inserted (evicting as the store is full) only if `f`
+    /// returned `Ok`. A refused key leaves nothing behind and evicts nothing. If the key
+    /// appears meanwhile (a decision made it), `f` runs again, on its slot: a merge is a
+    /// join, so merging twice is merging once.
+    pub fn merge_slot_noted_if<T, E>(
         &self,
         id: &[u8],
-        f: impl FnOnce(&mut Slot, bool) -> (R, bool),
-    ) -> R {
-        let (entry, fresh) = self.slot_with(id, Slot::default);
-        let mut s = entry.lock();
-        let (r, note) = f(&mut s, fresh);
+        mut f: impl FnMut(&mut Slot, bool) -> (Result<T, E>, bool),
+    ) -> Result<T, E> {
+        let held = self.map.get(id).map(|e| Arc::clone(&e.key().0));
+        if let Some(entry) = held {
+            return self.run_noted_if(&entry, &mut f);
+        }
+        let mut fresh = Slot::default();
+        let (r, note) = f(&mut fresh, true);
+        if let Err(e) = r {
+            return Err(e);
+        }
+        let mut fresh = Some(fresh);
+        let (entry, inserted) = self.slot_with(id, || fresh.take().unwrap_or_default());
+        if !inserted {
+            return self.run_noted_if(&entry, &mut f);
+        }
         if note {
-            self.note(&entry, &mut s);
+            self.note(&entry, &mut entry.lock());
+        }
+        r
+    }
+
+    /// Runs `f` on a held key's slot, and lists the key as changed if `f` says so.
+    fn run_noted_if<R>(
+        &self,
+        entry: &SlotRef,
+        f: &mut impl FnMut(&mut Slot, bool) -> (R, bool),
+    ) -> R {
+        let mut s = entry.lock();
+        let (r, note) = f(&mut s, false);
+        if note {
+            self.note(entry, &mut s);
         }
         r
     }
