@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use levee_core::KeyCrdt;
+use levee_core::{KeyCrdt, Millis};
 use levee_proto::Digest;
 
 /// Digest buckets: the key space is cut into this many ranges for anti-entropy.
@@ -68,24 +68,39 @@ impl DigestBuckets {
     }
 }
 
-/// [`DigestBuckets`] with each key's last fingerprint kept beside them, for a store that has
-/// nowhere else to keep it. Memory: one `u64 → u64` entry per key (named by [`key_hash`],
-/// not by its bytes).
+/// [`DigestBuckets`] with each key's last fingerprint, and when it last changed, kept beside
+/// them, for a store that has nowhere else to keep them. Memory: one `u64 → (u64, u64)` entry
+/// per key (named by [`key_hash`], not by its bytes).
 #[derive(Debug, Clone, Default)]
 pub struct Fingerprints {
-    keys: HashMap<u64, u64>,
+    keys: HashMap<u64, (u64, Millis)>,
     buckets: DigestBuckets,
 }
 
 impl Fingerprints {
-    /// Records a key's fingerprint (`None`: the key is gone).
-    pub fn set(&mut self, id: &[u8], fingerprint: Option<u64>) {
+    /// Records a key's fingerprint at `now` (`None`: the key is gone).
+    pub fn set(&mut self, id: &[u8], fingerprint: Option<u64>, now: Millis) {
         let h = key_hash(id);
         let old = match fingerprint {
-            Some(fp) => self.keys.insert(h, fp),
-            None => self.keys.remove(&h),
+            Some(fp) => {
+                let old = self.keys.get(&h).copied();
+                let at = match old {
+                    Some((o, at)) if o == fp => at,
+                    _ => now,
+                };
+                self.keys.insert(h, (fp, at)).map(|(o, _)| o)
+            }
+            None => self.keys.remove(&h).map(|(o, _)| o),
         };
         self.buckets.replace(id, old, fingerprint);
+    }
+
+    /// Whether the key's fingerprint changed at or after `since` (see
+    /// [`crate::KeyStates::changed_since`]).
+    pub fn changed_since(&self, id: &[u8], since: Millis) -> bool {
+        self.keys
+            .get(&key_hash(id))
+            .is_some_and(|&(_, at)| at >= since)
     }
 
     /// Forgets every key (before a rebuild from the whole store).

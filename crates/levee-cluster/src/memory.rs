@@ -21,6 +21,8 @@ pub struct MemoryStates {
     active: BTreeSet<Vec<u8>>,
     /// The anti-entropy digest, updated as keys change.
     fingerprints: Fingerprints,
+    /// The clock of the last call that told it (a decision, a merge, a digest).
+    now: Millis,
 }
 
 impl MemoryStates {
@@ -41,6 +43,7 @@ impl MemoryStates {
             dirty: BTreeSet::new(),
             active: BTreeSet::new(),
             fingerprints: Fingerprints::default(),
+            now: 0,
         }
     }
 
@@ -62,6 +65,7 @@ impl MemoryStates {
         now: Millis,
         view: ClusterView,
     ) -> Option<Decision> {
+        self.now = self.now.max(now);
         let rule = self.rules.get(rule)?;
         let target = rule.target(None, cost).ok()?;
         let mut id = Vec::new();
@@ -133,7 +137,7 @@ impl MemoryStates {
             .keys
             .get(id)
             .map(|s| key_fingerprint(id, s.crdt(), retained));
-        self.fingerprints.set(id, fp);
+        self.fingerprints.set(id, fp, self.now);
     }
 }
 
@@ -182,6 +186,7 @@ impl KeyStates for MemoryStates {
     }
 
     fn merge(&mut self, id: &[u8], state: &KeyCrdt, now: Millis) -> Result<(), Refused> {
+        self.now = self.now.max(now);
         let (rule_name, bucket, _) = decode_id(id).ok_or_else(|| Refused("bad id".into()))?;
         let rule = self
             .rules
@@ -214,7 +219,12 @@ impl KeyStates for MemoryStates {
         }
     }
 
-    fn digest(&mut self, _now: Millis) -> Vec<u64> {
+    fn changed_since(&self, id: &[u8], since: Millis) -> bool {
+        self.fingerprints.changed_since(id, since)
+    }
+
+    fn digest(&mut self, now: Millis) -> Vec<u64> {
+        self.now = self.now.max(now);
         self.fingerprints.buckets()
     }
 

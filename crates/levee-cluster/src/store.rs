@@ -25,6 +25,13 @@ pub trait KeyStates {
     fn for_each_id(&self, now: Millis, f: &mut dyn FnMut(&[u8])) {
         self.for_each(now, &mut |id, _, _| f(id));
     }
+    /// Whether the key's state changed here (a decision, or a merge that changed it) at or
+    /// after `since`: a repair leaves such a key to the deltas that carry it now (it is
+    /// repaired once it has been quiet that long). A store that does not know says `false`.
+    fn changed_since(&self, id: &[u8], since: Millis) -> bool {
+        let _ = (id, since);
+        false
+    }
     /// A copy of one key's state, if held.
     fn get(&self, id: &[u8]) -> Option<KeyCrdt>;
     /// The anti-entropy digest of every key held: [`crate::DIGEST_BUCKETS`] hashes, each

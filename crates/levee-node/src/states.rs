@@ -31,11 +31,14 @@ pub struct NodeDigest {
 }
 
 impl NodeDigest {
-    /// Records a slot's new fingerprint.
-    fn record(&mut self, id: &[u8], slot: &mut Slot, fp: u64) {
+    /// Records a slot's new fingerprint, as of `now` if it changed.
+    fn record(&mut self, id: &[u8], slot: &mut Slot, fp: u64, now: Millis) {
         let old = std::mem::replace(&mut slot.fingerprint, fp);
         if old == 0 {
             self.recorded += 1;
+        }
+        if old != fp {
+            slot.changed_at = now;
         }
         self.buckets
             .replace(id, (old != 0).then_some(old), Some(fp));
@@ -131,7 +134,7 @@ impl KeyStates for NodeStates<'_> {
             slot.queued = false;
             let delta = slot.state.take_delta(me);
             let fp = key_fingerprint(id, slot.state.crdt(), retained);
-            self.digest.record(id, &mut slot, fp);
+            self.digest.record(id, &mut slot, fp, self.now);
             if let Some(d) = delta {
                 out.push((id.to_vec(), d));
             }
@@ -166,7 +169,7 @@ impl KeyStates for NodeStates<'_> {
                 let note = fresh || m.moves_rights || slot.state.has_delta();
                 if m.changed && !note {
                     let fp = key_fingerprint(id, slot.state.crdt(), retained);
-                    digest.record(id, slot, fp);
+                    digest.record(id, slot, fp, now);
                 }
                 (Ok(()), note)
             })
@@ -202,11 +205,20 @@ impl KeyStates for NodeStates<'_> {
             store.for_each_slot(|id, slot| {
                 let fp =
                     key_fingerprint(id, slot.state.crdt(), retained(rules, overrides, id, now));
+                // Rebuilt, not changed: the key keeps the time it last changed.
+                let at = slot.changed_at;
                 slot.fingerprint = 0;
-                d.record(id, slot, fp);
+                d.record(id, slot, fp, at);
             });
         }
         d.buckets.buckets()
+    }
+
+    fn changed_since(&self, id: &[u8], since: Millis) -> bool {
+        self.limiter
+            .store()
+            .with_existing_slot(id, |s| s.changed_at >= since)
+            .unwrap_or(false)
     }
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {

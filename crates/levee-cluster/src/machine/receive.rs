@@ -130,10 +130,14 @@ impl Cluster {
                 if !differ.is_empty() {
                     let buckets = d.buckets;
                     let wanted = differ.clone();
+                    let (st, settled) = (&*store, self.settled_before(now));
                     self.peer[i].queue_all(
-                        &*store,
+                        st,
                         now,
-                        move |id| differ.binary_search(&bucket_of(id, buckets)).is_ok(),
+                        |id| {
+                            differ.binary_search(&bucket_of(id, buckets)).is_ok()
+                                && !st.changed_since(id, settled)
+                        },
                         false,
                     );
                     self.send(from, Message::BucketRequest { buckets, wanted }, now);
@@ -149,10 +153,14 @@ impl Cluster {
                 if bounded && buckets > 0 && buckets <= 1 << 16 {
                     wanted.truncate(MAX_REPAIR_BUCKETS);
                     wanted.sort_unstable();
+                    let (st, settled) = (&*store, self.settled_before(now));
                     self.peer[i].queue_all(
-                        &*store,
+                        st,
                         now,
-                        move |id| wanted.binary_search(&bucket_of(id, buckets)).is_ok(),
+                        |id| {
+                            wanted.binary_search(&bucket_of(id, buckets)).is_ok()
+                                && !st.changed_since(id, settled)
+                        },
                         false,
                     );
                 } else {
@@ -338,6 +346,17 @@ impl Cluster {
     /// The latest of this node's batches `from` acknowledged. With regional gossip, a node
     /// of another region that never did (a new gateway) is taken to have what its region
     /// acknowledged (its gateways relay what they receive to it).
+    /// The time from which a key's change may still be on its way to a peer: a repair sends
+    /// only keys that have not changed since (see [`KeyStates::changed_since`]). A difference
+    /// in a digest bucket within two anti-entropy intervals of a change is most often the
+    /// gossip of that change in flight; a batch that was lost is asked for again through the
+    /// batch chain ([`Message::Missed`]) within a few intervals; and a key quiet that long is
+    /// repaired as before. Without this, under steady load every bucket differs at every
+    /// instant and each round resent whole buckets of keys both sides were about to agree on.
+    fn settled_before(&self, now: Millis) -> Millis {
+        now.saturating_sub(2 * self.cfg.anti_entropy_interval)
+    }
+
     fn acked_by(&self, from: NodeIdx) -> Millis {
         let own = self.peer[usize::from(from.0)].acked_ms;
         let replicas = &self.cfg.replicas;

@@ -291,7 +291,7 @@ impl SimStates {
             .keys
             .get(id)
             .map(|s| key_fingerprint(id, s.crdt(), retained));
-        self.fingerprints.set(id, fp);
+        self.fingerprints.set(id, fp, self.now);
     }
 }
 
@@ -411,6 +411,10 @@ impl KeyStates for SimStates {
             self.refresh_fingerprint(id);
         }
         Ok(())
+    }
+
+    fn changed_since(&self, id: &[u8], since: Millis) -> bool {
+        self.fingerprints.changed_since(id, since)
     }
 
     fn for_each(&self, now: Millis, f: &mut dyn FnMut(&[u8], &KeyCrdt, u64)) {
