@@ -418,7 +418,7 @@ impl Cluster {
         self.routes.owner(key)
     }
 
-    /// Where a check of `key` is decided ([`Router::route`], see [`crate::routing`]).
+    /// Where a check of `key` is decided ([`Router::route`]).
     pub fn route(&self, key: &[u8]) -> Route {
         self.routes.route(key)
     }
