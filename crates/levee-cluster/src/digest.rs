@@ -126,7 +126,7 @@ impl Fingerprints {
 }
 
 /// The digest message for a store's bucket hashes: the non-empty buckets only.
-pub(crate) fn digest_message(hashes: Vec<u64>) -> Digest {
+pub fn digest_message(hashes: Vec<u64>) -> Digest {
     Digest {
         buckets: DIGEST_BUCKETS,
         hashes: hashes

@@ -7,9 +7,9 @@
 mod common;
 
 use common::{Net, replicas};
-use levee_cluster::{DIGEST_BUCKETS, KeyStates, bucket_of};
+use levee_cluster::{DIGEST_BUCKETS, KeyStates, bucket_of, digest_message};
 use levee_core::NodeIdx;
-use levee_proto::{Digest, Message, encode_id};
+use levee_proto::{Message, encode_id};
 
 fn id(key: &str) -> Vec<u8> {
     let mut id = Vec::new();
@@ -26,15 +26,7 @@ fn repaired(net: &mut Net, keys: &[&str]) -> Vec<Vec<u8>> {
     for k in keys {
         hashes[bucket_of(&id(k), DIGEST_BUCKETS) as usize] ^= 0x5eed;
     }
-    let digest = Digest {
-        buckets: DIGEST_BUCKETS,
-        hashes: hashes
-            .into_iter()
-            .enumerate()
-            .filter(|&(_, h)| h != 0)
-            .map(|(i, h)| (i as u32, h))
-            .collect(),
-    };
+    let digest = digest_message(hashes);
     cluster.handle_message(NodeIdx(1), Message::Digest(digest), now, store);
     let mut sent = Vec::new();
     while let Some(o) = cluster.poll_transmit() {
