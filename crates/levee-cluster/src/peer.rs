@@ -70,6 +70,8 @@ pub(crate) struct PeerLink {
     pub(crate) missed_answered: Millis,
     /// Times its batches were found missing here and asked for again.
     pub(crate) missed_asks: u64,
+    /// Keys queued for it by anti-entropy repairs (a digest that differs, a bucket request).
+    pub(crate) repaired_keys: u64,
     /// It answered our pull saying it is recovering too.
     pub(crate) deferred: bool,
     /// Its answer to our pull arrived whole.
@@ -103,6 +105,7 @@ impl Default for PeerLink {
             missed_since: None,
             missed_answered: 0,
             missed_asks: 0,
+            repaired_keys: 0,
             told_removed: 0,
             deferred: false,
             pull_done: false,
@@ -180,32 +183,37 @@ impl PeerLink {
 
     /// Queues every key of `store` for which `want` holds; `pull` makes it the answer to the
     /// peer's pull, whose last chunk says `done`. One answer to a pull at a time: a repeated
-    /// request while one is queued is already being answered.
+    /// request while one is queued is already being answered. Returns how many keys it
+    /// queued.
     pub(crate) fn queue_all(
         &mut self,
         store: &dyn KeyStates,
         now: Millis,
         want: impl Fn(&[u8]) -> bool,
         pull: bool,
-    ) {
+    ) -> u64 {
         if pull && self.pull_queued {
-            return;
+            return 0;
         }
         let (queue, queued) = (&mut self.queue, &mut self.queued);
+        let mut added = 0u64;
         store.for_each_id(now, &mut |id| {
             if !want(id) {
                 return;
             }
             if pull {
                 queue.push_back(Queued::PullAnswer(id.to_vec()));
+                added += 1;
             } else if queued.insert(id.to_vec()) {
                 queue.push_back(Queued::State(id.to_vec()));
+                added += 1;
             }
         });
         if pull {
             self.queue.push_back(Queued::PullAnswerEnd);
             self.pull_queued = true;
         }
+        added
     }
 
     /// The next message of its queue, within this interval's budget, of at most

@@ -64,6 +64,10 @@ fn describe() {
         "Times a peer's batches were found missing and asked for again (see docs/replication.md, \"Lost batches\")."
     );
     describe_counter!(
+        "levee_gossip_repaired_keys_total",
+        "Keys queued for a peer by anti-entropy repairs (see docs/replication.md, \"Anti-entropy\")."
+    );
+    describe_counter!(
         "levee_replication_refused_total",
         "Messages and key states from peers refused after decoding (see docs/replication.md)."
     );

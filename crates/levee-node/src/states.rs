@@ -38,7 +38,7 @@ impl NodeDigest {
             self.recorded += 1;
         }
         if old != fp {
-            slot.changed_at = now;
+            slot.changed_at_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
         }
         self.buckets
             .replace(id, (old != 0).then_some(old), Some(fp));
@@ -206,7 +206,7 @@ impl KeyStates for NodeStates<'_> {
                 let fp =
                     key_fingerprint(id, slot.state.crdt(), retained(rules, overrides, id, now));
                 // Rebuilt, not changed: the key keeps the time it last changed.
-                let at = slot.changed_at;
+                let at = u64::from(slot.changed_at_s) * 1000;
                 slot.fingerprint = 0;
                 d.record(id, slot, fp, at);
             });
@@ -217,7 +217,8 @@ impl KeyStates for NodeStates<'_> {
     fn changed_since(&self, id: &[u8], since: Millis) -> bool {
         self.limiter
             .store()
-            .with_existing_slot(id, |s| s.changed_at >= since)
+            // A change in second `s` may have been as late as its last millisecond.
+            .with_existing_slot(id, |s| u64::from(s.changed_at_s) * 1000 + 999 >= since)
             .unwrap_or(false)
     }
 

@@ -63,9 +63,10 @@ pub struct Slot {
     /// The key's part of the anti-entropy digest as last recorded (0: not recorded); kept
     /// here so that the digest needs no table of its own.
     pub fingerprint: u64,
-    /// When that part last changed (the node's clock, ms): a repair leaves a key changed
-    /// lately to the deltas that carry it (`KeyStates::changed_since`).
-    pub changed_at: u64,
+    /// When that part last changed, in whole seconds of the node's clock: a repair leaves a
+    /// key changed lately to the deltas that carry it (`KeyStates::changed_since`). Seconds
+    /// in 32 bits keep a key entry within its 192 bytes (until 2106).
+    pub changed_at_s: u32,
 }
 
 /// One key: its identity (inline up to 16 bytes, the common case for short rule names and

@@ -71,6 +71,8 @@ pub struct PeerStatus {
     pub backlog_keys: usize,
     /// Times its batches were found missing and asked for again ([`Message::Missed`]).
     pub batches_missed: u64,
+    /// Keys queued for it by anti-entropy repairs, so far.
+    pub repaired_keys: u64,
     /// Its part in a membership change.
     pub state: PeerState,
 }
@@ -459,6 +461,7 @@ impl Cluster {
                         .then(|| now.saturating_sub(p.acked_ms)),
                     backlog_keys: p.backlog_keys(),
                     batches_missed: p.missed_asks,
+                    repaired_keys: p.repaired_keys,
                     state: self.lists.state(node),
                 }
             })

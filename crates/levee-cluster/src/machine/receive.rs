@@ -131,7 +131,7 @@ impl Cluster {
                     let buckets = d.buckets;
                     let wanted = differ.clone();
                     let (st, settled) = (&*store, self.settled_before(now));
-                    self.peer[i].queue_all(
+                    let repaired = self.peer[i].queue_all(
                         st,
                         now,
                         |id| {
@@ -140,6 +140,7 @@ impl Cluster {
                         },
                         false,
                     );
+                    self.peer[i].repaired_keys += repaired;
                     self.send(from, Message::BucketRequest { buckets, wanted }, now);
                 }
             }
@@ -154,7 +155,7 @@ impl Cluster {
                     wanted.truncate(MAX_REPAIR_BUCKETS);
                     wanted.sort_unstable();
                     let (st, settled) = (&*store, self.settled_before(now));
-                    self.peer[i].queue_all(
+                    let repaired = self.peer[i].queue_all(
                         st,
                         now,
                         |id| {
@@ -163,6 +164,7 @@ impl Cluster {
                         },
                         false,
                     );
+                    self.peer[i].repaired_keys += repaired;
                 } else {
                     self.refused += 1;
                 }

@@ -75,6 +75,8 @@ pub(super) async fn run_timer<H: ClusterHost>(
             }
             metrics::counter!("levee_gossip_batches_missed_total", "peer" => peer.clone())
                 .absolute(p.batches_missed);
+            metrics::counter!("levee_gossip_repaired_keys_total", "peer" => peer.clone())
+                .absolute(p.repaired_keys);
             metrics::gauge!("levee_gossip_backlog_keys", "peer" => peer).set(p.backlog_keys as f64);
         }
     }
