@@ -130,13 +130,13 @@ impl Cluster {
                 if !differ.is_empty() {
                     let buckets = d.buckets;
                     let wanted = differ.clone();
-                    let (st, settled) = (&*store, self.settled_before(now));
+                    let (st, settled) = (&*store, self.settled_before(i, now));
                     let repaired = self.peer[i].queue_all(
                         st,
                         now,
                         |id| {
                             differ.binary_search(&bucket_of(id, buckets)).is_ok()
-                                && !st.changed_since(id, settled)
+                                && settled.is_none_or(|t| !st.changed_since(id, t))
                         },
                         false,
                     );
@@ -154,13 +154,13 @@ impl Cluster {
                 if bounded && buckets > 0 && buckets <= 1 << 16 {
                     wanted.truncate(MAX_REPAIR_BUCKETS);
                     wanted.sort_unstable();
-                    let (st, settled) = (&*store, self.settled_before(now));
+                    let (st, settled) = (&*store, self.settled_before(i, now));
                     let repaired = self.peer[i].queue_all(
                         st,
                         now,
                         |id| {
                             wanted.binary_search(&bucket_of(id, buckets)).is_ok()
-                                && !st.changed_since(id, settled)
+                                && settled.is_none_or(|t| !st.changed_since(id, t))
                         },
                         false,
                     );
@@ -348,15 +348,20 @@ impl Cluster {
     /// The latest of this node's batches `from` acknowledged. With regional gossip, a node
     /// of another region that never did (a new gateway) is taken to have what its region
     /// acknowledged (its gateways relay what they receive to it).
-    /// The time from which a key's change may still be on its way to a peer: a repair sends
-    /// only keys that have not changed since (see [`KeyStates::changed_since`]). A difference
-    /// in a digest bucket within two anti-entropy intervals of a change is most often the
-    /// gossip of that change in flight; a batch that was lost is asked for again through the
-    /// batch chain ([`Message::Missed`]) within a few intervals; and a key quiet that long is
-    /// repaired as before. Without this, under steady load every bucket differs at every
-    /// instant and each round resent whole buckets of keys both sides were about to agree on.
-    fn settled_before(&self, now: Millis) -> Millis {
-        now.saturating_sub(2 * self.cfg.anti_entropy_interval)
+    /// The time from which a key's change may still be on its way to peer `i`: a repair
+    /// sends it only keys that have not changed since (see [`KeyStates::changed_since`]). A
+    /// difference in a digest bucket within two anti-entropy intervals of a change is most
+    /// often the gossip of that change in flight; a batch that was lost is asked for again
+    /// through the batch chain ([`Message::Missed`]) within a few intervals; and a key quiet
+    /// that long is repaired as before. Without this, under steady load every bucket differs
+    /// at every instant and each round resent whole buckets of keys both sides were about to
+    /// agree on. `None` (every key of the bucket is sent) for two anti-entropy intervals
+    /// after this node caught the peer up after a silence: what the silence lost is then no
+    /// gossip in flight, and the catch-up leaves to anti-entropy what it no longer knows it
+    /// sent (a cut longer than the sent keys it remembers).
+    fn settled_before(&self, i: usize, now: Millis) -> Option<Millis> {
+        let window = 2 * self.cfg.anti_entropy_interval;
+        (now >= self.peer[i].caught_up.saturating_add(window)).then(|| now.saturating_sub(window))
     }
 
     fn acked_by(&self, from: NodeIdx) -> Millis {
