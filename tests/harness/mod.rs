@@ -111,14 +111,7 @@ pub(crate) fn next_window_start(window_ms: u64) -> u64 {
     (now_ms() / window_ms + 1) * window_ms + 5
 }
 
-/// If the current window of `window_ms` ends within `margin_ms`, waits until the next one has
-/// begun: a test that counts in a day-long window must not see it roll over.
-pub(crate) fn avoid_window_edge(window_ms: u64, margin_ms: u64) {
-    let left = window_ms - now_ms() % window_ms;
-    if left < margin_ms {
-        std::thread::sleep(Duration::from_millis(left + 100));
-    }
-}
+pub(crate) use levee_blackbox::avoid_window_edge;
 
 pub(crate) fn new_agent() -> ureq::Agent {
     agent(Duration::from_secs(5))

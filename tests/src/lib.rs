@@ -164,6 +164,20 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// If the current window of `window_ms` (aligned to the Unix epoch, as the nodes' windows
+/// are) ends within `margin_ms`, waits until the next one has begun: a test that counts in
+/// one window must not see it roll over.
+pub fn avoid_window_edge(window_ms: u64, margin_ms: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_millis() as u64;
+    let left = window_ms - now % window_ms;
+    if left < margin_ms {
+        std::thread::sleep(Duration::from_millis(left + 100));
+    }
+}
+
 /// A port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
