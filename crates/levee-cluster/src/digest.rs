@@ -3,6 +3,7 @@
 //! costs O(buckets), not O(keys).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use levee_core::{KeyCrdt, Millis};
 use levee_proto::Digest;
@@ -82,14 +83,18 @@ impl Fingerprints {
     pub fn set(&mut self, id: &[u8], fingerprint: Option<u64>, now: Millis) {
         let h = key_hash(id);
         let old = match fingerprint {
-            Some(fp) => {
-                let old = self.keys.get(&h).copied();
-                let at = match old {
-                    Some((o, at)) if o == fp => at,
-                    _ => now,
-                };
-                self.keys.insert(h, (fp, at)).map(|(o, _)| o)
-            }
+            Some(fp) => match self.keys.entry(h) {
+                Entry::Occupied(mut e) => {
+                    let (old, at) = *e.get();
+                    // The same fingerprint again is no change: the key keeps its time.
+                    e.insert((fp, if old == fp { at } else { now }));
+                    Some(old)
+                }
+                Entry::Vacant(e) => {
+                    e.insert((fp, now));
+                    None
+                }
+            },
             None => self.keys.remove(&h).map(|(o, _)| o),
         };
         self.buckets.replace(id, old, fingerprint);

@@ -128,19 +128,8 @@ impl Cluster {
                     differ.sort_unstable();
                 }
                 if !differ.is_empty() {
-                    let buckets = d.buckets;
-                    let wanted = differ.clone();
-                    let (st, settled) = (&*store, self.settled_before(i, now));
-                    let repaired = self.peer[i].queue_all(
-                        st,
-                        now,
-                        |id| {
-                            differ.binary_search(&bucket_of(id, buckets)).is_ok()
-                                && settled.is_none_or(|t| !st.changed_since(id, t))
-                        },
-                        false,
-                    );
-                    self.peer[i].repaired_keys += repaired;
+                    self.queue_repair(i, &*store, now, d.buckets, &differ);
+                    let (buckets, wanted) = (d.buckets, differ);
                     self.send(from, Message::BucketRequest { buckets, wanted }, now);
                 }
             }
@@ -154,17 +143,7 @@ impl Cluster {
                 if bounded && buckets > 0 && buckets <= 1 << 16 {
                     wanted.truncate(MAX_REPAIR_BUCKETS);
                     wanted.sort_unstable();
-                    let (st, settled) = (&*store, self.settled_before(i, now));
-                    let repaired = self.peer[i].queue_all(
-                        st,
-                        now,
-                        |id| {
-                            wanted.binary_search(&bucket_of(id, buckets)).is_ok()
-                                && settled.is_none_or(|t| !st.changed_since(id, t))
-                        },
-                        false,
-                    );
-                    self.peer[i].repaired_keys += repaired;
+                    self.queue_repair(i, &*store, now, buckets, &wanted);
                 } else {
                     self.refused += 1;
                 }
@@ -348,6 +327,29 @@ impl Cluster {
     /// The latest of this node's batches `from` acknowledged. With regional gossip, a node
     /// of another region that never did (a new gateway) is taken to have what its region
     /// acknowledged (its gateways relay what they receive to it).
+    /// Queues for peer `i` the keys of the digest buckets `wanted` (sorted, out of
+    /// `buckets`) that a repair sends: those quiet since [`Cluster::settled_before`].
+    fn queue_repair(
+        &mut self,
+        i: usize,
+        store: &dyn KeyStates,
+        now: Millis,
+        buckets: u32,
+        wanted: &[u32],
+    ) {
+        let settled = self.settled_before(i, now);
+        let p = &mut self.peer[i];
+        p.repaired_keys += p.queue_all(
+            store,
+            now,
+            |id| {
+                wanted.binary_search(&bucket_of(id, buckets)).is_ok()
+                    && settled.is_none_or(|t| !store.changed_since(id, t))
+            },
+            false,
+        );
+    }
+
     /// The time from which a key's change may still be on its way to peer `i`: a repair
     /// sends it only keys that have not changed since (see [`KeyStates::changed_since`]). A
     /// difference in a digest bucket within two anti-entropy intervals of a change is most
