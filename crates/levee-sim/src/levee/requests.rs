@@ -55,14 +55,10 @@ impl<'p> Driver<'p> {
         let entry = live[self.route_rng.index(live.len())];
         let t = self.clock(entry);
         let route = self.nodes[entry].cluster.route(name.as_bytes());
-        // Demand counts in the window of the node expected to decide it, as admissions do:
-        // a check forwarded to its owner (a millisecond away, in the region) is decided by
-        // the owner's clock, which may be up to `max_clock_skew` off the entry's.
-        let decider = match route {
-            Route::Owner(owner) => usize::from(owner.0),
-            Route::Local | Route::Alone => entry,
-        };
-        self.demand(ask, self.plan.window_of(self.clock(decider)));
+        // Demand counts when and where the check is decided (`decide`), in the window its
+        // admission would count in: a check forwarded to its owner is decided by the owner's
+        // clock, which may be up to `max_clock_skew` off the entry's, and a moment later,
+        // maybe in the next window.
         match route {
             Route::Local => self.decide(entry, ask, false),
             Route::Alone => self.decide(entry, ask, true),
@@ -107,6 +103,7 @@ impl<'p> Driver<'p> {
         let entries = mixed::entries(ask.class);
         let list: Vec<(&str, Option<&str>)> = entries.iter().map(|&(r, c, _)| (r, c)).collect();
         let t = self.clock(node);
+        self.demand(ask, self.plan.window_of(t));
         let Some(d) = self.nodes[node]
             .states
             .decide_all(&list, name, ask.cost, t, view)
@@ -139,6 +136,7 @@ impl<'p> Driver<'p> {
         }
         let t = self.clock(node);
         let window = self.plan.window_of(t);
+        self.demand(ask, window);
         let Some(decision) = self.nodes[node]
             .states
             .decide(RULE, name, ask.cost, t, view, false)
