@@ -51,6 +51,11 @@ pub const HORIZON_MS: Millis = 5_000;
 /// 0.81), 200 ms gave 0.97 and 100 ms 0.94 (docs/accuracy.md).
 pub const PRESS_MS: Millis = 200;
 
+/// How far apart two nodes' clocks may be (DESIGN.md: `max_clock_skew`, 500 ms). A window
+/// that has ended on this node's clock may still be running on a peer's for this long, so
+/// rights of it this node did not use can still serve that peer's requests.
+pub const MAX_CLOCK_SKEW_MS: Millis = 500;
+
 /// Extra demand a node keeps for itself above its forecast, in percent.
 const MARGIN_PERCENT: u64 = 10;
 
@@ -87,8 +92,32 @@ pub(crate) enum Scope {
         epoch: u64,
         remaining_ms: Millis,
         len_ms: Millis,
+        /// How much longer than `remaining_ms` the epoch may still run on other nodes'
+        /// clocks: non-zero only for an epoch that has just ended here.
+        late_ms: Millis,
     },
     Continuous,
+}
+
+impl Scope {
+    /// The scope as a peer whose clock is behind may still see it: an epoch that ended here
+    /// runs `late_ms` more there.
+    fn for_peers(self) -> Scope {
+        match self {
+            Scope::Epoch {
+                epoch,
+                remaining_ms,
+                len_ms,
+                late_ms,
+            } => Scope::Epoch {
+                epoch,
+                remaining_ms: remaining_ms + late_ms,
+                len_ms,
+                late_ms: 0,
+            },
+            Scope::Continuous => Scope::Continuous,
+        }
+    }
 }
 
 /// What one rebalancing step gave, and which of this node's entries it wrote: the key's
@@ -118,7 +147,11 @@ pub(crate) fn give_spare(
     let algo = *target.algorithm;
     let split = split_of(target, ctx.replicas);
     let mut gifts = Gifts::default();
-    for scope in scopes(&algo, ctx.now) {
+    for scope in
+        scopes(&algo, ctx.now)
+            .into_iter()
+            .chain(just_ended(&algo, ctx.now, target.grown_from))
+    {
         rebalance_scope(
             crdt, target, &algo, &split, scope, ctx, forecast, &mut gifts,
         );
@@ -178,16 +211,45 @@ pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
                 epoch: e,
                 remaining_ms: end - now,
                 len_ms: algo.epoch_len(now),
+                late_ms: 0,
             },
             Scope::Epoch {
                 epoch: e + 1,
                 remaining_ms: algo.epoch_len(end),
                 len_ms: algo.epoch_len(end),
+                late_ms: 0,
             },
         ]
     } else {
         vec![Scope::Continuous]
     }
+}
+
+/// The epoch that ended on this node's clock less than [`MAX_CLOCK_SKEW_MS`] ago, which
+/// peers whose clocks are behind may still be admitting in: this node needs nothing more of
+/// it (it decides by its own clock), and gives what it did not use to peers whose forecast
+/// says they still need it. None if the shares grew since that epoch began (`grown_from`,
+/// [`crate::Rule::grown_from`]): it was spent under smaller ones, which this node's holdings
+/// by the current split would overstate.
+fn just_ended(algo: &Algorithm, now: Millis, grown_from: Millis) -> Option<Scope> {
+    if !algo.rights_per_epoch() {
+        return None;
+    }
+    let e = algo.epoch(now);
+    let since = now.saturating_sub(algo.epoch_start(e));
+    if e == 0 || since >= MAX_CLOCK_SKEW_MS {
+        return None;
+    }
+    let start = algo.epoch_start(e - 1);
+    if grown_from > start {
+        return None;
+    }
+    Some(Scope::Epoch {
+        epoch: e - 1,
+        remaining_ms: 0,
+        len_ms: algo.epoch_len(start),
+        late_ms: MAX_CLOCK_SKEW_MS - since,
+    })
 }
 
 /// Gives spare rights of one scope, adding what it gave and wrote to `gifts`. Other nodes'
@@ -238,8 +300,15 @@ fn rebalance_scope(
         } else {
             reg.forecast
         };
-        need[i] = need_of(crdt, algo, node, f, scope, ctx.now, HORIZON_MS);
-        need_soon[i] = need_of(crdt, algo, node, f, scope, ctx.now, PRESS_MS);
+        // A peer's clock may be behind this node's: in an epoch that ended here, it may
+        // still admit for `late_ms`.
+        let theirs = if node == ctx.me {
+            scope
+        } else {
+            scope.for_peers()
+        };
+        need[i] = need_of(crdt, algo, node, f, theirs, ctx.now, HORIZON_MS);
+        need_soon[i] = need_of(crdt, algo, node, f, theirs, ctx.now, PRESS_MS);
     }
     let spare_of = |i: usize| held[i].saturating_sub(if long { need_soon[i] } else { need[i] });
     let my_spare = spare_of(mi);
@@ -464,6 +533,7 @@ pub(crate) fn need_of(
                 epoch,
                 remaining_ms,
                 len_ms,
+                ..
             },
             _,
         ) => {

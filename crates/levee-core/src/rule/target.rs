@@ -57,6 +57,9 @@ pub struct Target<'r> {
     pub min_fill_ppm: u32,
     /// The capacity split among the nodes, when the rule was bound to the replica set.
     pub split: Option<&'r [u64]>,
+    /// When the split applies from, if it grew after a change of the node list; 0 if not
+    /// ([`Rule::grown_from`]).
+    pub grown_from: Millis,
 }
 
 impl<'r> Target<'r> {
@@ -96,6 +99,7 @@ impl Rule {
                 bucket: None,
                 min_fill_ppm: 0,
                 split,
+                grown_from: self.grown_from,
             },
             (None, false) => {
                 return Err(CheckError::MissingClass {
@@ -120,12 +124,14 @@ impl Rule {
                         bucket: Some(i as u8),
                         min_fill_ppm: 0,
                         split: (!c.split.is_empty()).then_some(c.split.as_slice()),
+                        grown_from: self.grown_from,
                     },
                     None => Target {
                         algorithm: own,
                         bucket: None,
                         min_fill_ppm: c.min_fill_ppm,
                         split,
+                        grown_from: self.grown_from,
                     },
                 }
             }
@@ -189,11 +195,20 @@ impl Rule {
         }
     }
 
+    /// This rule (bound to a list in full, where shares grew) as it applies from `at`, the
+    /// time [`Rule::bind_no_higher`] returned: windows that began earlier were spent under
+    /// the smaller shares, so the escrow gives none of their rights by this split.
+    pub fn growing_from(mut self, at: Millis) -> Rule {
+        self.grown_from = at;
+        self
+    }
+
     /// [`Rule::bind`], with no node's part of any capacity above what this rule (bound
     /// before) gives it: a share that grows waits (see [`Algorithm::shares_may_grow_at`] and
     /// docs/membership.md). Returns when the rule bound to `replicas` as it is may apply, or
     /// `None` if no part was held down (or the rule was not bound before).
     pub fn bind_no_higher(&mut self, replicas: &ReplicaSet, now: Millis) -> Option<Millis> {
+        self.grown_from = 0;
         let before_main = std::mem::take(&mut self.split);
         let before_classes: Vec<Vec<u64>> = self
             .classes

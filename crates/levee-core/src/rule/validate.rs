@@ -66,6 +66,11 @@ pub struct Rule {
     pub spec: RuleSpec,
     /// The capacity split among the nodes of the replica set (see [`Rule::bind`]).
     pub split: Vec<u64>,
+    /// When `split` applies from, if it grew after a change of the node list
+    /// ([`Rule::bind_no_higher`], [`Rule::growing_from`]); 0 if it did not. Windows that
+    /// began before it were spent under smaller shares, which the escrow must not count on
+    /// for them.
+    pub grown_from: Millis,
     /// `[[rule.override]]`: keys with their own figures, or on the allow or deny list.
     pub overrides: crate::overrides::ConfigOverrides,
 }
@@ -417,6 +422,7 @@ impl RuleSpec {
             classes,
             spec: self.clone(),
             split: vec![],
+            grown_from: 0,
             overrides: Default::default(),
         };
         rule.overrides = crate::overrides::ConfigOverrides::build(&rule, &self.overrides)

@@ -115,10 +115,14 @@ impl RuleSet {
                         for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
                             c.split.clone_from(&was.split);
                         }
-                        rule.bind_no_higher(&replicas, now).map(|at| (at, bound))
+                        rule.bind_no_higher(&replicas, now)
+                            .map(|at| (at, bound.growing_from(at)))
                     }
                     _ => {
+                        // Bound in full at once: its shares apply from now, not to windows
+                        // that began before.
                         rule.bind(&replicas);
+                        rule.grown_from = now;
                         None
                     }
                 };

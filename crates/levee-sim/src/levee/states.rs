@@ -140,7 +140,9 @@ impl SimStates {
             for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
                 c.split.clone_from(&was.split);
             }
-            b.later = rule.bind_no_higher(&spending, now).map(|at| (at, bound));
+            b.later = rule
+                .bind_no_higher(&spending, now)
+                .map(|at| (at, bound.growing_from(at)));
             b.rule = rule;
         }
         self.replicas = spending;
