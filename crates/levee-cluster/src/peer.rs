@@ -91,6 +91,61 @@ pub(crate) struct PeerLink {
     pub(crate) missed: MissedKeys,
     /// Removed from this node's list and still speaking: when it was last told the list.
     pub(crate) told_removed: Millis,
+    /// Its clock against this node's, from the times its batches carry.
+    pub(crate) clock: ClockEstimate,
+}
+
+/// How long a clock estimate from one batch is kept against later ones with a longer round
+/// trip: a peer that restarts may come back with another clock.
+const CLOCK_SAMPLE_TTL_MS: Millis = 2_000;
+
+/// A peer's clock against this node's, estimated as NTP does from one exchange: a batch it
+/// sent at `sent_at_ms` (its clock) that arrived at `now` (ours), acknowledging our batch
+/// sent at `ack_ms` (ours). The round trip is at most `now - ack_ms` (it also holds the
+/// time the peer kept our batch before answering), and the offset is taken with the one-way
+/// delay as half of it. Of the exchanges of the last [`CLOCK_SAMPLE_TTL_MS`], the one with the
+/// shortest round trip is kept (the least held, so the most exact).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ClockEstimate {
+    best: Option<ClockSample>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ClockSample {
+    round_trip: Millis,
+    offset: i64,
+    at: Millis,
+}
+
+impl ClockEstimate {
+    /// Notes a batch it sent at `sent_at_ms` acknowledging ours of `ack_ms`, arrived `now`.
+    pub(crate) fn sample(&mut self, sent_at_ms: u64, ack_ms: u64, now: Millis) {
+        if sent_at_ms == 0 || ack_ms == 0 || ack_ms > now {
+            return;
+        }
+        let round_trip = now - ack_ms;
+        let offset = i128::from(sent_at_ms) - i128::from(now) + i128::from(round_trip / 2);
+        let bound = i128::from(levee_core::escrow::MAX_CLOCK_SKEW_MS);
+        let offset = offset.clamp(-bound, bound) as i64;
+        let better = self.best.is_none_or(|b| {
+            round_trip <= b.round_trip || now.saturating_sub(b.at) > CLOCK_SAMPLE_TTL_MS
+        });
+        if better {
+            self.best = Some(ClockSample {
+                round_trip,
+                offset,
+                at: now,
+            });
+        }
+    }
+
+    /// The estimate, if any exchange gave one.
+    pub(crate) fn get(&self) -> Option<levee_core::PeerClock> {
+        self.best.map(|b| levee_core::PeerClock {
+            offset_ms: b.offset,
+            one_way_ms: b.round_trip / 2,
+        })
+    }
 }
 
 impl Default for PeerLink {
@@ -107,6 +162,7 @@ impl Default for PeerLink {
             missed_asks: 0,
             repaired_keys: 0,
             told_removed: 0,
+            clock: ClockEstimate::default(),
             deferred: false,
             pull_done: false,
             queue: VecDeque::new(),
@@ -264,5 +320,62 @@ impl PeerLink {
                 Message::Deltas(batch)
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClockEstimate;
+    use levee_core::PeerClock;
+
+    /// Our batch leaves at `sent` (our clock); the peer, `offset` ms ahead, holds it `hold` ms
+    /// and answers; each way takes `one_way` ms. Returns its answer's (sent_at, ack, arrival).
+    fn exchange(sent: u64, offset: i64, one_way: u64, hold: u64) -> (u64, u64, u64) {
+        let answered = sent + one_way + hold;
+        let sent_at = (answered as i64 + offset) as u64;
+        (sent_at, sent, answered + one_way)
+    }
+
+    #[test]
+    fn an_exchange_gives_the_offset_within_half_the_time_held() {
+        let mut c = ClockEstimate::default();
+        let (sent_at, ack, now) = exchange(10_000, 300, 50, 10);
+        c.sample(sent_at, ack, now);
+        let PeerClock {
+            offset_ms,
+            one_way_ms,
+        } = c.get().unwrap();
+        assert!((300..=305).contains(&offset_ms), "offset {offset_ms}");
+        assert_eq!(one_way_ms, 55);
+    }
+
+    #[test]
+    fn the_shortest_round_trip_is_kept_and_a_stale_one_is_replaced() {
+        let mut c = ClockEstimate::default();
+        let (s, a, n) = exchange(10_000, -200, 40, 0);
+        c.sample(s, a, n);
+        // Held 100 ms (an idle heartbeat): a worse estimate, not taken.
+        let (s, a, n) = exchange(10_100, -200, 40, 100);
+        c.sample(s, a, n);
+        assert_eq!(c.get().unwrap().offset_ms, -200);
+        // The peer restarted with another clock: its estimate replaces the old one once that
+        // is older than the time an estimate is kept.
+        let (s, a, n) = exchange(13_000, 150, 40, 20);
+        c.sample(s, a, n);
+        assert!((150..=160).contains(&c.get().unwrap().offset_ms));
+    }
+
+    #[test]
+    fn a_hostile_or_unacknowledged_batch_is_bounded_or_ignored() {
+        let mut c = ClockEstimate::default();
+        c.sample(12_000, 0, 10_000);
+        assert_eq!(c.get(), None, "no acknowledgement yet: no round trip");
+        c.sample(12_000, 10_500, 10_000);
+        assert_eq!(c.get(), None, "an acknowledgement from our future");
+        c.sample(u64::MAX, 9_990, 10_000);
+        assert_eq!(
+            c.get().unwrap().offset_ms,
+            levee_core::escrow::MAX_CLOCK_SKEW_MS as i64
+        );
     }
 }

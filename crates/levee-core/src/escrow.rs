@@ -26,6 +26,13 @@
 //! Donors keep what their own forecast says they need, plus a margin; the forecast has a long
 //! memory so noise does not give rights away (see [`crate::forecast`]).
 //!
+//! Clocks differ by up to [`MAX_CLOCK_SKEW_MS`], and a window's rights serve only while it
+//! runs on the clock of the node that holds them. So a donor judges a peer's need by the
+//! peer's clock where it knows it ([`PeerClock`], estimated from batch timestamps): rights of
+//! a window that will have ended on the peer's clock when they arrive are not given to it,
+//! and for [`MAX_CLOCK_SKEW_MS`] after a window ends here, what this node did not use of it
+//! goes to peers still in it.
+//!
 //! The escrow works on a key's replicated state ([`KeyCrdt`]) only: it is handed the node's
 //! own forecast, writes this node's demand register and rows, and reports what it wrote
 //! (`Gifts`) so that the key's state can send it. [`crate::KeyState::rebalance`] is the
@@ -83,6 +90,20 @@ pub struct RebalanceCtx<'a> {
     /// hears. (A node thawed after a long pause hears nobody at first: it must not give what
     /// it held under a list it has not yet heard replaced, to nodes whose shares have grown.)
     pub hears: &'a dyn Fn(NodeIdx) -> bool,
+    /// How node `n`'s clock stands against this node's, if known ([`PeerClock`]): a peer
+    /// ahead leaves a window earlier, and rights of it that reach it later serve nothing; a
+    /// peer behind still admits in a window that ended here.
+    pub clock_of: &'a dyn Fn(NodeIdx) -> Option<PeerClock>,
+}
+
+/// A peer's clock against this node's, as estimated from the times its messages carry
+/// (`levee-cluster` estimates it from its batches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerClock {
+    /// The peer's clock minus this node's, in ms, within ±[`MAX_CLOCK_SKEW_MS`].
+    pub offset_ms: i64,
+    /// How long a message takes to reach it, in ms.
+    pub one_way_ms: Millis,
 }
 
 /// One scope of rights: an epoch (fixed windows, quotas) or the continuous holdings.
@@ -100,22 +121,52 @@ pub(crate) enum Scope {
 }
 
 impl Scope {
-    /// The scope as a peer whose clock is behind may still see it: an epoch that ended here
-    /// runs `late_ms` more there.
-    fn for_peers(self) -> Scope {
-        match self {
-            Scope::Epoch {
-                epoch,
-                remaining_ms,
-                len_ms,
-                late_ms,
-            } => Scope::Epoch {
+    /// The scope as a peer sees it, for rights given to it now: nothing of the epoch if it
+    /// ends on the peer's clock before they reach it; otherwise what remains on its clock or
+    /// on this node's, whichever is longer (a peer ahead is not judged to need less: demand
+    /// that moves to it runs ahead of its forecast, `levee-sim --seed 901 --scenario
+    /// hot-region`). A peer whose clock is unknown is taken to be in step, except that an
+    /// epoch that ended here may run `late_ms` more there (a peer behind).
+    fn for_peer(self, algo: &Algorithm, now: Millis, clock: Option<PeerClock>) -> Scope {
+        match (self, clock) {
+            (
+                Scope::Epoch {
+                    epoch,
+                    remaining_ms,
+                    len_ms,
+                    late_ms,
+                },
+                None,
+            ) => Scope::Epoch {
                 epoch,
                 remaining_ms: remaining_ms + late_ms,
                 len_ms,
                 late_ms: 0,
             },
-            Scope::Continuous => Scope::Continuous,
+            (
+                Scope::Epoch {
+                    epoch,
+                    remaining_ms: mine,
+                    len_ms,
+                    ..
+                },
+                Some(c),
+            ) => {
+                let theirs = i128::from(now) + i128::from(c.offset_ms);
+                let left = i128::from(algo.epoch_end(epoch)) - theirs;
+                let remaining_ms = if left <= i128::from(c.one_way_ms) {
+                    0
+                } else {
+                    left.max(i128::from(mine)).min(i128::from(len_ms)) as Millis
+                };
+                Scope::Epoch {
+                    epoch,
+                    remaining_ms,
+                    len_ms,
+                    late_ms: 0,
+                }
+            }
+            (Scope::Continuous, _) => Scope::Continuous,
         }
     }
 }
@@ -300,12 +351,11 @@ fn rebalance_scope(
         } else {
             reg.forecast
         };
-        // A peer's clock may be behind this node's: in an epoch that ended here, it may
-        // still admit for `late_ms`.
+        // The epoch as the peer's clock runs it, when rights given now reach it.
         let theirs = if node == ctx.me {
             scope
         } else {
-            scope.for_peers()
+            scope.for_peer(algo, ctx.now, (ctx.clock_of)(node))
         };
         need[i] = need_of(crdt, algo, node, f, theirs, ctx.now, HORIZON_MS);
         need_soon[i] = need_of(crdt, algo, node, f, theirs, ctx.now, PRESS_MS);

@@ -49,7 +49,7 @@ pub mod time;
 
 pub use crdt::{KeyCrdt, Lattice};
 pub use decision::{AllDecision, ClusterView, DecideCtx, Decision, Usage};
-pub use escrow::RebalanceCtx;
+pub use escrow::{PeerClock, RebalanceCtx};
 pub use overrides::{Effect, OverrideReg, OverrideValue};
 pub use replica::{
     MAX_NODES, MAX_REGIONS, NodeIdx, REMOVED, RegionIdx, RegionMask, ReplicaSet, ReplicaSetError,

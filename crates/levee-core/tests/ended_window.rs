@@ -11,7 +11,7 @@ use common::{ctx, two_regions};
 use levee_core::crdt::DemandReg;
 use levee_core::escrow::MAX_CLOCK_SKEW_MS;
 use levee_core::rule::RuleSpec;
-use levee_core::{KeyCrdt, KeyState, NodeIdx, RebalanceCtx, RuleMode};
+use levee_core::{KeyCrdt, KeyState, NodeIdx, PeerClock, RebalanceCtx, RuleMode};
 
 const WINDOW_MS: u64 = 1_000;
 /// Window 5,000 of the rule, as the first node's clock counts it.
@@ -21,6 +21,12 @@ const E: u64 = 5_000;
 /// forecast of 100 a window. Returns what node 0 gave node 1 of window `E` when it rebalanced
 /// `after` ms into window `E + 1` (by its clock), its rule's split applying from `grown_from`.
 fn given_after(after: u64, grown_from: u64) -> u64 {
+    given_at((E + 1) * WINDOW_MS + after, grown_from, None)
+}
+
+/// What node 0 gave node 1 of window `E` when it rebalanced at `now`, knowing node 1's clock
+/// as `clock` (or not).
+fn given_at(now: u64, grown_from: u64, clock: Option<PeerClock>) -> u64 {
     let replicas = two_regions();
     let mut rule = RuleSpec::fixed_window("r", 100, WINDOW_MS)
         .validate()
@@ -50,7 +56,6 @@ fn given_after(after: u64, grown_from: u64) -> u64 {
     };
     eu.merge(&us, &target, &ctx(&replicas, E * WINDOW_MS + 400, 0))
         .unwrap();
-    let now = (E + 1) * WINDOW_MS + after;
     let rebalance = RebalanceCtx {
         now,
         me: NodeIdx(0),
@@ -60,6 +65,7 @@ fn given_after(after: u64, grown_from: u64) -> u64 {
         max_in_flight: 50,
         inherit_from: None,
         hears: &|_| true,
+        clock_of: &|_| clock,
     };
     eu.rebalance(&target, &rebalance);
     eu.crdt()
@@ -93,4 +99,32 @@ fn a_window_spent_under_smaller_shares_gives_nothing_by_the_grown_split() {
 #[test]
 fn a_window_ended_longer_ago_than_any_clock_skew_gives_nothing() {
     assert_eq!(given_after(MAX_CLOCK_SKEW_MS, 0), 0);
+}
+
+/// A peer whose clock is known: rights reach it only for the time its own clock leaves it.
+#[test]
+fn a_peer_whose_window_ends_before_rights_reach_it_gets_none_of_it() {
+    let end = (E + 1) * WINDOW_MS;
+    let ahead = |offset_ms| {
+        Some(PeerClock {
+            offset_ms,
+            one_way_ms: 50,
+        })
+    };
+    // 200 ms before node 0's window ends: node 1, clock unknown, is taken to be in step and
+    // to need its forecast over those 200 ms (22 rights); 300 ms ahead, its window has
+    // ended; 160 ms ahead, it ends before rights given now would arrive (50 ms).
+    assert_eq!(given_at(end - 200, 0, None), 22);
+    assert_eq!(given_at(end - 200, 0, ahead(300)), 0);
+    assert_eq!(given_at(end - 200, 0, ahead(160)), 0);
+    // 100 ms ahead: it ends 50 ms after they arrive; given as for a peer in step (a forecast
+    // that lags a burst would leave a peer ahead short).
+    assert_eq!(given_at(end - 200, 0, ahead(100)), 22);
+    // 100 ms after node 0's window ended, a peer 400 ms behind has 300 ms of it left: it
+    // needs 33 more, of which node 0 has 30 unused.
+    assert_eq!(given_at(end + 100, 0, ahead(-400)), 30);
+    // A peer 50 ms behind has left it too: nothing, where a peer of unknown clock gets the
+    // benefit of the doubt (it may be up to 500 ms behind).
+    assert_eq!(given_at(end + 100, 0, ahead(-50)), 0);
+    assert_eq!(given_at(end + 100, 0, None), 30);
 }

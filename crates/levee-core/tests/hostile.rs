@@ -194,6 +194,7 @@ proptest! {
                     max_in_flight: limit / 4 + 1,
                     inherit_from: None,
                 hears: &|_| true,
+                clock_of: &|_| None,
                 };
                 state.rebalance(&target, &rctx);
             }
@@ -258,6 +259,7 @@ fn a_peer_forecast_of_u64_max_does_not_overflow_the_margin() {
             max_in_flight: 1_000,
             inherit_from: None,
             hears: &|_| true,
+            clock_of: &|_| None,
         };
         // Node 2 (another region) says it needs everything: it gets at most this node's
         // share (25) in each scope. Windows have three at START, a window's first
@@ -295,6 +297,7 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
         max_in_flight: 1_000,
         inherit_from: None,
         hears: &|_| true,
+        clock_of: &|_| None,
     };
     state.rebalance(&target, &rctx);
     state.decide(&target, RuleMode::Enforce, 1, false, &ctx);

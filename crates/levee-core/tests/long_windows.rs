@@ -95,6 +95,7 @@ impl Lockstep {
                 max_in_flight: self.rule.algorithm.capacity() / 2,
                 inherit_from: None,
                 hears: &|_| true,
+                clock_of: &|_| None,
             };
             self.nodes[node].rebalance(&target, &ctx);
         }

@@ -261,6 +261,7 @@ impl Cluster {
                     max_in_flight: rule.algorithm.capacity() / 4 + 1,
                     inherit_from: None,
                     hears: &|_| true,
+                    clock_of: &|_| None,
                 };
                 nodes[node].rebalance(&target, &rctx);
             }

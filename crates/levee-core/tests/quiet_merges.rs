@@ -61,6 +61,7 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
             max_in_flight: rule.algorithm.capacity() / 2,
             inherit_from: None,
             hears: &|_| true,
+            clock_of: &|_| None,
         };
         owner.rebalance(&target, &rctx);
         if let Some(delta) = owner.take_delta(NodeIdx(0)) {

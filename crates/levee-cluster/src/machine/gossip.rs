@@ -168,6 +168,7 @@ impl Cluster {
         let replicas = &self.cfg.replicas;
         let me = self.cfg.me;
         let membership = &self.membership;
+        let peers = &self.peer;
         let mut given = 0u64;
         store.update_active(&mut |id, state, target| {
             let capacity = target.algorithm.capacity() as f64;
@@ -183,6 +184,7 @@ impl Cluster {
                 max_in_flight: (capacity * MAX_IN_FLIGHT_FRACTION).ceil() as u64,
                 inherit_from,
                 hears: &|n| membership.is_reachable(n),
+                clock_of: &|n| peers.get(usize::from(n.0)).and_then(|p| p.clock.get()),
             };
             given = given.saturating_add(state.rebalance(target, &ctx));
         });

@@ -44,6 +44,7 @@ impl Cluster {
         }
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
             let p = &mut self.peer[i];
+            p.clock.sample(b.sent_at_ms, b.ack_ms, now);
             if let Some(since_ms) = p.chain(b) {
                 // Batches it sent after `since_ms` did not arrive: ask for their keys again
                 // rather than wait for anti-entropy.
