@@ -94,6 +94,10 @@ pub struct RebalanceCtx<'a> {
     /// ahead leaves a window earlier, and rights of it that reach it later serve nothing; a
     /// peer behind still admits in a window that ended here.
     pub clock_of: &'a dyn Fn(NodeIdx) -> Option<PeerClock>,
+    /// When this node's process started (its clock). What it consumed of a window that
+    /// began earlier may have been lost with a crash, so once such a window has ended here
+    /// it gives none of it (it would give rights its lost requests used).
+    pub started: Millis,
 }
 
 /// A peer's clock against this node's, as estimated from the times its messages carry
@@ -198,11 +202,11 @@ pub(crate) fn give_spare(
     let algo = *target.algorithm;
     let split = split_of(target, ctx.replicas);
     let mut gifts = Gifts::default();
-    for scope in
-        scopes(&algo, ctx.now)
-            .into_iter()
-            .chain(just_ended(&algo, ctx.now, target.grown_from))
-    {
+    for scope in scopes(&algo, ctx.now).into_iter().chain(just_ended(
+        &algo,
+        ctx.now,
+        target.grown_from.max(ctx.started),
+    )) {
         rebalance_scope(
             crdt, target, &algo, &split, scope, ctx, forecast, &mut gifts,
         );
@@ -279,10 +283,11 @@ pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
 /// The epoch that ended on this node's clock less than [`MAX_CLOCK_SKEW_MS`] ago, which
 /// peers whose clocks are behind may still be admitting in: this node needs nothing more of
 /// it (it decides by its own clock), and gives what it did not use to peers whose forecast
-/// says they still need it. None if the shares grew since that epoch began (`grown_from`,
-/// [`crate::Rule::grown_from`]): it was spent under smaller ones, which this node's holdings
-/// by the current split would overstate.
-fn just_ended(algo: &Algorithm, now: Millis, grown_from: Millis) -> Option<Scope> {
+/// says they still need it. None if it began before `known_from`: before the shares grew
+/// ([`crate::Rule::grown_from`]: it was spent under smaller ones, which this node's holdings
+/// by the current split would overstate), or before this process started (what it consumed
+/// before a crash may be lost).
+fn just_ended(algo: &Algorithm, now: Millis, known_from: Millis) -> Option<Scope> {
     if !algo.rights_per_epoch() {
         return None;
     }
@@ -292,7 +297,7 @@ fn just_ended(algo: &Algorithm, now: Millis, grown_from: Millis) -> Option<Scope
         return None;
     }
     let start = algo.epoch_start(e - 1);
-    if grown_from > start {
+    if known_from > start {
         return None;
     }
     Some(Scope::Epoch {

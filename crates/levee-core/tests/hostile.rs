@@ -195,6 +195,7 @@ proptest! {
                     inherit_from: None,
                 hears: &|_| true,
                 clock_of: &|_| None,
+                started: 0,
                 };
                 state.rebalance(&target, &rctx);
             }
@@ -260,6 +261,7 @@ fn a_peer_forecast_of_u64_max_does_not_overflow_the_margin() {
             inherit_from: None,
             hears: &|_| true,
             clock_of: &|_| None,
+            started: 0,
         };
         // Node 2 (another region) says it needs everything: it gets at most this node's
         // share (25) in each scope. Windows have three at START, a window's first
@@ -298,6 +300,7 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
         inherit_from: None,
         hears: &|_| true,
         clock_of: &|_| None,
+        started: 0,
     };
     state.rebalance(&target, &rctx);
     state.decide(&target, RuleMode::Enforce, 1, false, &ctx);

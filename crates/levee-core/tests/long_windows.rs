@@ -96,6 +96,7 @@ impl Lockstep {
                 inherit_from: None,
                 hears: &|_| true,
                 clock_of: &|_| None,
+                started: 0,
             };
             self.nodes[node].rebalance(&target, &ctx);
         }

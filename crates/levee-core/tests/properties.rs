@@ -262,6 +262,7 @@ impl Cluster {
                     inherit_from: None,
                     hears: &|_| true,
                     clock_of: &|_| None,
+                    started: 0,
                 };
                 nodes[node].rebalance(&target, &rctx);
             }

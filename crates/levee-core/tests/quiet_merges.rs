@@ -62,6 +62,7 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
             inherit_from: None,
             hears: &|_| true,
             clock_of: &|_| None,
+            started: 0,
         };
         owner.rebalance(&target, &rctx);
         if let Some(delta) = owner.take_delta(NodeIdx(0)) {

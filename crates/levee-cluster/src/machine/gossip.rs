@@ -169,6 +169,7 @@ impl Cluster {
         let me = self.cfg.me;
         let membership = &self.membership;
         let peers = &self.peer;
+        let started = self.started;
         let mut given = 0u64;
         store.update_active(&mut |id, state, target| {
             let capacity = target.algorithm.capacity() as f64;
@@ -185,6 +186,7 @@ impl Cluster {
                 inherit_from,
                 hears: &|n| membership.is_reachable(n),
                 clock_of: &|n| peers.get(usize::from(n.0)).and_then(|p| p.clock.get()),
+                started,
             };
             given = given.saturating_add(state.rebalance(target, &ctx));
         });
