@@ -99,22 +99,23 @@ pub(crate) struct PeerLink {
 /// trip: a peer that restarts may come back with another clock.
 const CLOCK_SAMPLE_TTL_MS: Millis = 2_000;
 
-/// A peer's clock against this node's, estimated as NTP does from one exchange: a batch it
-/// sent at `sent_at_ms` (its clock) that arrived at `now` (ours), acknowledging our batch
-/// sent at `ack_ms` (ours). The round trip is at most `now - ack_ms` (it also holds the
-/// time the peer kept our batch before answering), and the offset is taken with the one-way
-/// delay as half of it. Of the exchanges of the last [`CLOCK_SAMPLE_TTL_MS`], the one with the
-/// shortest round trip is kept (the least held, so the most exact).
+/// A peer's clock against this node's, estimated from the batches it sends: one sent at
+/// `sent_at_ms` (its clock) that arrived at `now` (ours) says its clock is at least
+/// `sent_at_ms - now` ahead (it travelled some time); answering our batch sent at `ack_ms`
+/// (ours), it says its clock is at most `sent_at_ms - ack_ms` ahead (ours reached it, and it
+/// may have held it, before it sent). The tightest bounds of the last
+/// [`CLOCK_SAMPLE_TTL_MS`] are kept, each from whichever batch gave it (the one that travelled
+/// fastest, the one sent soonest after ours arrived), and the offset is their midpoint: within
+/// half the round trip, and much closer when the peer answered some batch at once. The one-way
+/// delay is taken as half the shortest round trip.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ClockEstimate {
-    best: Option<ClockSample>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct ClockSample {
-    round_trip: Millis,
-    offset: i64,
-    at: Millis,
+    /// The highest lower bound of the offset, and when it was seen.
+    lower: Option<(i64, Millis)>,
+    /// The lowest upper bound of the offset, and when it was seen.
+    upper: Option<(i64, Millis)>,
+    /// The shortest round trip, and when it was seen.
+    round_trip: Option<(Millis, Millis)>,
 }
 
 impl ClockEstimate {
@@ -123,27 +124,35 @@ impl ClockEstimate {
         if sent_at_ms == 0 || ack_ms == 0 || ack_ms > now {
             return;
         }
+        let bound = i128::from(levee_core::escrow::MAX_CLOCK_SKEW_MS) * 4;
+        let ahead =
+            |from: u64| (i128::from(sent_at_ms) - i128::from(from)).clamp(-bound, bound) as i64;
+        let stale = |at: Millis| now.saturating_sub(at) > CLOCK_SAMPLE_TTL_MS;
+        let lower = ahead(now);
+        if self.lower.is_none_or(|(l, at)| lower >= l || stale(at)) {
+            self.lower = Some((lower, now));
+        }
+        let upper = ahead(ack_ms);
+        if self.upper.is_none_or(|(u, at)| upper <= u || stale(at)) {
+            self.upper = Some((upper, now));
+        }
         let round_trip = now - ack_ms;
-        let offset = i128::from(sent_at_ms) - i128::from(now) + i128::from(round_trip / 2);
-        let bound = i128::from(levee_core::escrow::MAX_CLOCK_SKEW_MS);
-        let offset = offset.clamp(-bound, bound) as i64;
-        let better = self.best.is_none_or(|b| {
-            round_trip <= b.round_trip || now.saturating_sub(b.at) > CLOCK_SAMPLE_TTL_MS
-        });
-        if better {
-            self.best = Some(ClockSample {
-                round_trip,
-                offset,
-                at: now,
-            });
+        if self
+            .round_trip
+            .is_none_or(|(r, at)| round_trip <= r || stale(at))
+        {
+            self.round_trip = Some((round_trip, now));
         }
     }
 
-    /// The estimate, if any exchange gave one.
+    /// The estimate, if any exchange gave one: the offset bounded to ±`max_clock_skew`.
     pub(crate) fn get(&self) -> Option<levee_core::PeerClock> {
-        self.best.map(|b| levee_core::PeerClock {
-            offset_ms: b.offset,
-            one_way_ms: b.round_trip / 2,
+        let ((lower, _), (upper, _), (round_trip, _)) =
+            (self.lower?, self.upper?, self.round_trip?);
+        let skew = levee_core::escrow::MAX_CLOCK_SKEW_MS as i64;
+        Some(levee_core::PeerClock {
+            offset_ms: ((lower + upper) / 2).clamp(-skew, skew),
+            one_way_ms: round_trip / 2,
         })
     }
 }
@@ -334,6 +343,19 @@ mod tests {
         let answered = sent + one_way + hold;
         let sent_at = (answered as i64 + offset) as u64;
         (sent_at, sent, answered + one_way)
+    }
+
+    #[test]
+    fn the_tightest_bounds_of_several_exchanges_give_the_offset() {
+        // Idle heartbeats: the peer holds our batch up to 100 ms before it answers. One
+        // exchange alone is off by half of that; the one it answered at once pins it.
+        let mut c = ClockEstimate::default();
+        let (s, a, n) = exchange(10_000, 0, 0, 90);
+        c.sample(s, a, n);
+        assert_eq!(c.get().unwrap().offset_ms, 45);
+        let (s, a, n) = exchange(10_100, 0, 0, 2);
+        c.sample(s, a, n);
+        assert_eq!(c.get().unwrap().offset_ms, 1);
     }
 
     #[test]

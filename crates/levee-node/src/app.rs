@@ -103,6 +103,9 @@ pub struct PeerStatus {
     /// has received (about a round trip plus a gossip interval when it keeps up; `null`
     /// before its first acknowledgement).
     pub lag_ms: Option<u64>,
+    /// Its clock minus this node's, in ms, estimated from the times its batches carry
+    /// (bounded to ±500 ms, `max_clock_skew`; `null` until an exchange gave one).
+    pub clock_offset_ms: Option<i64>,
     /// Keys of full states waiting to be sent to it (pulls, anti-entropy, catch-ups).
     pub backlog_keys: usize,
     /// Its part in the node list: `joining` (it has not said it runs this node's list),
@@ -315,6 +318,7 @@ impl App {
                             reachable: p.reachable,
                             last_heard_ms: p.last_heard_ms_ago,
                             lag_ms: p.ack_lag_ms,
+                            clock_offset_ms: p.clock_offset_ms,
                             backlog_keys: p.backlog_keys,
                             state: p.state.as_str(),
                         }

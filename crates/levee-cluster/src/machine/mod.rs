@@ -73,6 +73,10 @@ pub struct PeerStatus {
     pub batches_missed: u64,
     /// Keys queued for it by anti-entropy repairs, so far.
     pub repaired_keys: u64,
+    /// Its clock minus this node's, in ms, as estimated from its batches (bounded to
+    /// ±`max_clock_skew`, 500 ms); `None` before an exchange gave one, and for a peer this
+    /// node does not gossip with (regional gossip).
+    pub clock_offset_ms: Option<i64>,
     /// Its part in a membership change.
     pub state: PeerState,
 }
@@ -462,6 +466,7 @@ impl Cluster {
                     backlog_keys: p.backlog_keys(),
                     batches_missed: p.missed_asks,
                     repaired_keys: p.repaired_keys,
+                    clock_offset_ms: p.clock.get().map(|c| c.offset_ms),
                     state: self.lists.state(node),
                 }
             })

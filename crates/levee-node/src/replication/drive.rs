@@ -73,6 +73,10 @@ pub(super) async fn run_timer<H: ClusterHost>(
             if let Some(lag) = p.ack_lag_ms {
                 metrics::gauge!("levee_gossip_ack_lag_ms", "peer" => peer.clone()).set(lag as f64);
             }
+            if let Some(offset) = p.clock_offset_ms {
+                metrics::gauge!("levee_peer_clock_offset_ms", "peer" => peer.clone())
+                    .set(offset as f64);
+            }
             metrics::counter!("levee_gossip_batches_missed_total", "peer" => peer.clone())
                 .absolute(p.batches_missed);
             metrics::counter!("levee_gossip_repaired_keys_total", "peer" => peer.clone())
