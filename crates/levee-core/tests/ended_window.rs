@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{ctx, two_regions};
+use common::{ctx, rebalance_ctx, two_regions};
 use levee_core::crdt::DemandReg;
 use levee_core::escrow::MAX_CLOCK_SKEW_MS;
 use levee_core::rule::RuleSpec;
@@ -57,16 +57,9 @@ fn given_at(now: u64, grown_from: u64, clock: Option<PeerClock>, started: u64) -
     eu.merge(&us, &target, &ctx(&replicas, E * WINDOW_MS + 400, 0))
         .unwrap();
     let rebalance = RebalanceCtx {
-        now,
-        me: NodeIdx(0),
-        replicas: &replicas,
-        view: ctx(&replicas, now, 0).view,
-        owner: NodeIdx(0),
-        max_in_flight: 50,
-        inherit_from: None,
-        hears: &|_| true,
         clock_of: &|_| clock,
         started,
+        ..rebalance_ctx(&replicas, now, 0, 50)
     };
     eu.rebalance(&target, &rebalance);
     eu.crdt()

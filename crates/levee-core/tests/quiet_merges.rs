@@ -11,9 +11,9 @@
 
 mod common;
 
-use common::{ctx, two_regions};
+use common::{ctx, rebalance_ctx, two_regions};
 use levee_core::rule::RuleSpec;
-use levee_core::{KeyState, Merged, NodeIdx, RebalanceCtx, RuleMode};
+use levee_core::{KeyState, Merged, NodeIdx, RuleMode};
 
 const START: u64 = 1_700_000_000_000;
 
@@ -52,18 +52,7 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
                 &ctx(&replicas, now, 0),
             );
         }
-        let rctx = RebalanceCtx {
-            now,
-            me: NodeIdx(0),
-            replicas: &replicas,
-            view: ctx(&replicas, now, 0).view,
-            owner: NodeIdx(0),
-            max_in_flight: rule.algorithm.capacity() / 2,
-            inherit_from: None,
-            hears: &|_| true,
-            clock_of: &|_| None,
-            started: 0,
-        };
+        let rctx = rebalance_ctx(&replicas, now, 0, rule.algorithm.capacity() / 2);
         owner.rebalance(&target, &rctx);
         if let Some(delta) = owner.take_delta(NodeIdx(0)) {
             seen.deltas += 1;

@@ -2,7 +2,9 @@
 
 #![allow(dead_code)]
 
-use levee_core::{ClusterView, DecideCtx, NodeIdx, RegionMask, ReplicaSet, ReplicaSpec};
+use levee_core::{
+    ClusterView, DecideCtx, NodeIdx, PeerClock, RebalanceCtx, RegionMask, ReplicaSet, ReplicaSpec,
+};
 
 /// Two regions (eu, us) of one node each, of equal weight.
 pub(crate) fn two_regions() -> ReplicaSet {
@@ -28,5 +30,35 @@ pub(crate) fn ctx(replicas: &ReplicaSet, now: u64, node: u16) -> DecideCtx<'_> {
             acting_alone: false,
             recovering: false,
         },
+    }
+}
+
+fn hears_everyone(_: NodeIdx) -> bool {
+    true
+}
+
+fn clock_unknown(_: NodeIdx) -> Option<PeerClock> {
+    None
+}
+
+/// Node `node` rebalancing at `now` as its region's owner, every region reachable and heard,
+/// peers' clocks unknown, its process started long before.
+pub(crate) fn rebalance_ctx(
+    replicas: &ReplicaSet,
+    now: u64,
+    node: u16,
+    max_in_flight: u64,
+) -> RebalanceCtx<'_> {
+    RebalanceCtx {
+        now,
+        me: NodeIdx(node),
+        replicas,
+        view: ctx(replicas, now, node).view,
+        owner: NodeIdx(node),
+        max_in_flight,
+        inherit_from: None,
+        hears: &hears_everyone,
+        clock_of: &clock_unknown,
+        started: 0,
     }
 }
