@@ -466,7 +466,12 @@ impl Cluster {
                     backlog_keys: p.backlog_keys(),
                     batches_missed: p.missed_asks,
                     repaired_keys: p.repaired_keys,
-                    clock_offset_ms: p.clock.get().map(|c| c.offset_ms),
+                    clock_offset_ms: self
+                        .gateways
+                        .links
+                        .contains(&node)
+                        .then(|| p.clock.get().map(|c| c.offset_ms))
+                        .flatten(),
                     state: self.lists.state(node),
                 }
             })
