@@ -38,6 +38,13 @@
 //! (`Gifts`) so that the key's state can send it. [`crate::KeyState::rebalance`] is the
 //! public entry point.
 
+mod need;
+mod scope;
+
+pub(crate) use need::need_of;
+use scope::just_ended;
+pub(crate) use scope::{Scope, matrix, scopes};
+
 use crate::crdt::{KeyCrdt, TransferMatrix};
 use crate::decision::ClusterView;
 use crate::replica::{NodeIdx, ReplicaSet};
@@ -62,9 +69,6 @@ pub const PRESS_MS: Millis = 200;
 /// that has ended on this node's clock may still be running on a peer's for this long, so
 /// rights of it this node did not use can still serve that peer's requests.
 pub const MAX_CLOCK_SKEW_MS: Millis = 500;
-
-/// Extra demand a node keeps for itself above its forecast, in percent.
-const MARGIN_PERCENT: u64 = 10;
 
 /// What a rebalancing step needs to know beyond the key's state.
 #[derive(Clone, Copy)]
@@ -108,71 +112,6 @@ pub struct PeerClock {
     pub offset_ms: i64,
     /// How long a message takes to reach it, in ms.
     pub one_way_ms: Millis,
-}
-
-/// One scope of rights: an epoch (fixed windows, quotas) or the continuous holdings.
-#[derive(Clone, Copy)]
-pub(crate) enum Scope {
-    Epoch {
-        epoch: u64,
-        remaining_ms: Millis,
-        len_ms: Millis,
-        /// How much longer than `remaining_ms` the epoch may still run on other nodes'
-        /// clocks: non-zero only for an epoch that has just ended here.
-        late_ms: Millis,
-    },
-    Continuous,
-}
-
-impl Scope {
-    /// The scope as a peer sees it, for rights given to it now: nothing of the epoch if it
-    /// ends on the peer's clock before they reach it; otherwise what remains on its clock or
-    /// on this node's, whichever is longer (a peer ahead is not judged to need less: demand
-    /// that moves to it runs ahead of its forecast, `levee-sim --seed 901 --scenario
-    /// hot-region`). A peer whose clock is unknown is taken to be in step, except that an
-    /// epoch that ended here may run `late_ms` more there (a peer behind).
-    fn for_peer(self, algo: &Algorithm, now: Millis, clock: Option<PeerClock>) -> Scope {
-        match (self, clock) {
-            (
-                Scope::Epoch {
-                    epoch,
-                    remaining_ms,
-                    len_ms,
-                    late_ms,
-                },
-                None,
-            ) => Scope::Epoch {
-                epoch,
-                remaining_ms: remaining_ms + late_ms,
-                len_ms,
-                late_ms: 0,
-            },
-            (
-                Scope::Epoch {
-                    epoch,
-                    remaining_ms: mine,
-                    len_ms,
-                    ..
-                },
-                Some(c),
-            ) => {
-                let theirs = i128::from(now) + i128::from(c.offset_ms);
-                let left = i128::from(algo.epoch_end(epoch)) - theirs;
-                let remaining_ms = if left <= i128::from(c.one_way_ms) {
-                    0
-                } else {
-                    left.max(i128::from(mine)).min(i128::from(len_ms)) as Millis
-                };
-                Scope::Epoch {
-                    epoch,
-                    remaining_ms,
-                    len_ms,
-                    late_ms: 0,
-                }
-            }
-            (Scope::Continuous, _) => Scope::Continuous,
-        }
-    }
 }
 
 /// What one rebalancing step gave, and which of this node's entries it wrote: the key's
@@ -253,59 +192,6 @@ fn split_of(target: &Target<'_>, replicas: &ReplicaSet) -> Vec<u64> {
         Some(s) => s.to_vec(),
         None => replicas.split(target.algorithm.capacity()),
     }
-}
-
-/// The scopes an algorithm holds rights in at `now`: the current and the next epoch, or the
-/// continuous holdings.
-pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
-    if algo.rights_per_epoch() {
-        let e = algo.epoch(now);
-        let end = algo.epoch_end(e);
-        vec![
-            Scope::Epoch {
-                epoch: e,
-                remaining_ms: end - now,
-                len_ms: algo.epoch_len(now),
-                late_ms: 0,
-            },
-            Scope::Epoch {
-                epoch: e + 1,
-                remaining_ms: algo.epoch_len(end),
-                len_ms: algo.epoch_len(end),
-                late_ms: 0,
-            },
-        ]
-    } else {
-        vec![Scope::Continuous]
-    }
-}
-
-/// The epoch that ended on this node's clock less than [`MAX_CLOCK_SKEW_MS`] ago, which
-/// peers whose clocks are behind may still be admitting in: this node needs nothing more of
-/// it (it decides by its own clock), and gives what it did not use to peers whose forecast
-/// says they still need it. None if it began before `known_from`: before the shares grew
-/// ([`crate::Rule::grown_from`]: it was spent under smaller ones, which this node's holdings
-/// by the current split would overstate), or before this process started (what it consumed
-/// before a crash may be lost).
-fn just_ended(algo: &Algorithm, now: Millis, known_from: Millis) -> Option<Scope> {
-    if !algo.rights_per_epoch() {
-        return None;
-    }
-    let e = algo.epoch(now);
-    let since = now.saturating_sub(algo.epoch_start(e));
-    if e == 0 || since >= MAX_CLOCK_SKEW_MS {
-        return None;
-    }
-    let start = algo.epoch_start(e - 1);
-    if known_from > start {
-        return None;
-    }
-    Some(Scope::Epoch {
-        epoch: e - 1,
-        remaining_ms: 0,
-        len_ms: algo.epoch_len(start),
-        late_ms: MAX_CLOCK_SKEW_MS - since,
-    })
 }
 
 /// Gives spare rights of one scope, adding what it gave and wrote to `gifts`. Other nodes'
@@ -564,96 +450,6 @@ fn lent_out(
         }
     }
     out
-}
-
-/// What `node` needs in `scope`, from its forecast (tokens per epoch) over at most
-/// `horizon` ms and what it used.
-pub(crate) fn need_of(
-    crdt: &KeyCrdt,
-    algo: &Algorithm,
-    node: NodeIdx,
-    forecast: u64,
-    scope: Scope,
-    now: Millis,
-    horizon: Millis,
-) -> u64 {
-    // A forecast comes from a peer's register: saturate rather than overflow.
-    let with_margin = |x: u64| {
-        let margin = (u128::from(x) * u128::from(MARGIN_PERCENT)).div_ceil(100);
-        x.saturating_add(margin as u64)
-    };
-    match (scope, *algo) {
-        (
-            Scope::Epoch {
-                epoch,
-                remaining_ms,
-                len_ms,
-                ..
-            },
-            _,
-        ) => {
-            let used = crdt
-                .slot(epoch)
-                .and_then(|s| s.tallies.get(node))
-                .map_or(0, |t| t.net());
-            // Demand is forecast over at most the horizon: rights can still move later,
-            // and a long window (a day's quota) must not keep a burst's rate for hours.
-            let ahead = remaining_ms.min(horizon);
-            let rest = (u128::from(forecast) * u128::from(ahead))
-                .div_ceil(u128::from(len_ms.max(1))) as u64;
-            used.saturating_add(with_margin(rest))
-        }
-        (Scope::Continuous, Algorithm::SlidingWindow { window_ms, .. }) => {
-            // Weighted usage must stay covered; beyond it, the horizon's demand.
-            let e = algo.epoch(now);
-            let el = now - algo.epoch_start(e);
-            let net = |ep: u64| {
-                crdt.slot(ep)
-                    .and_then(|s| s.tallies.get(node))
-                    .map_or(0, |t| t.net())
-            };
-            let w = u128::from(window_ms);
-            let weighted = (u128::from(net(e)) * w
-                + u128::from(net(e.wrapping_sub(1))) * (w - u128::from(el)))
-            .div_ceil(w) as u64;
-            let ahead =
-                (u128::from(forecast) * u128::from(window_ms.min(HORIZON_MS))).div_ceil(w) as u64;
-            // What is used, plus what the horizon's demand will take: a node whose usage has
-            // grown past a horizon's demand must still be able to admit (as a fixed window's
-            // `used + rest`).
-            weighted.saturating_add(with_margin(ahead))
-        }
-        (Scope::Continuous, Algorithm::SlidingLog { window_ms, .. }) => {
-            // Every admission still in the window stays covered (a node never gives away the
-            // rights its log is using); beyond it, the horizon's demand.
-            let from = (now + 1).saturating_sub(window_ms);
-            let used = crdt
-                .slots
-                .iter()
-                .filter(|s| s.epoch >= from)
-                .filter_map(|s| s.tallies.get(node))
-                .fold(0u64, |sum, t| sum.saturating_add(t.net()));
-            let w = u128::from(window_ms);
-            let ahead =
-                (u128::from(forecast) * u128::from(window_ms.min(HORIZON_MS))).div_ceil(w) as u64;
-            used.saturating_add(with_margin(ahead))
-        }
-        (Scope::Continuous, Algorithm::TokenBucket { rate, burst, .. }) => {
-            // Units whose refill covers the forecast demand per refill period.
-            let units = (u128::from(with_margin(forecast)) * u128::from(burst))
-                .div_ceil(u128::from(rate)) as u64;
-            units.min(burst)
-        }
-        (Scope::Continuous, _) => with_margin(forecast),
-    }
-}
-
-/// The transfer matrix of `scope`, if the key holds it.
-pub(crate) fn matrix(crdt: &KeyCrdt, scope: Scope) -> Option<&TransferMatrix> {
-    match scope {
-        Scope::Epoch { epoch, .. } => crdt.slot(epoch).map(|s| &s.transfers),
-        Scope::Continuous => Some(&crdt.holdings),
-    }
 }
 
 /// Records a gift in this node's row. A token bucket's units go with their tokens: its level,
