@@ -168,7 +168,8 @@ impl Cluster {
         let replicas = &self.cfg.replicas;
         let me = self.cfg.me;
         let membership = &self.membership;
-        let peers = &self.peer;
+        // Each peer's clock estimate, once per interval rather than per key and scope.
+        let clocks: Vec<_> = self.peer.iter().map(|p| p.clock.get()).collect();
         let started = self.started;
         let mut given = 0u64;
         store.update_active(&mut |id, state, target| {
@@ -185,7 +186,7 @@ impl Cluster {
                 max_in_flight: (capacity * MAX_IN_FLIGHT_FRACTION).ceil() as u64,
                 inherit_from,
                 hears: &|n| membership.is_reachable(n),
-                clock_of: &|n| peers.get(usize::from(n.0)).and_then(|p| p.clock.get()),
+                clock_of: &|n| clocks.get(usize::from(n.0)).copied().flatten(),
                 started,
             };
             given = given.saturating_add(state.rebalance(target, &ctx));
