@@ -724,10 +724,11 @@ def fig5(levee: str, levee_port: int, nginx_port: int, saturating: float) -> Non
 
 
 def write_cluster(levee: str, work: Path, name: str, max_keys: int,
-                  regions: tuple[str, ...] = ("eu", "us", "ap"), per_region: int = 1) -> list[dict]:
+                  regions: tuple[str, ...] = ("eu", "us", "ap"), per_region: int = 1,
+                  local_first: bool = False) -> list[dict]:
     """`regions` of `per_region` nodes each (three regions of one by default), as `levee
     cluster` lays them out (mutual TLS, strict mode, 20 ms gossip), without snapshots and with
-    room for the keys."""
+    room for the keys; `local_first` sets `cluster.local_first`."""
     d = work / name
     certs = d / "certs"
     certs.mkdir(parents=True)
@@ -751,6 +752,7 @@ max_keys = {max_keys}
 
 [cluster]
 mode = "strict"
+{"local_first = true" if local_first else ""}
 gossip_interval = "20ms"
 suspect_after = "1s"
 regions = {{ {", ".join(f"{r} = 1" for r in regions)} }}
@@ -767,8 +769,8 @@ tls = {{ ca = "{certs}/ca.pem", cert = "{certs}/{n['id']}.pem", key = "{certs}/{
 
 def start_cluster(levee: str, work: Path, name: str, max_keys: int,
                   regions: tuple[str, ...] = ("eu", "us", "ap"), per_region: int = 1,
-                  env: dict | None = None) -> list[dict]:
-    nodes = write_cluster(levee, work, name, max_keys, regions, per_region)
+                  env: dict | None = None, local_first: bool = False) -> list[dict]:
+    nodes = write_cluster(levee, work, name, max_keys, regions, per_region, local_first)
     for n in nodes:
         n["proc"] = start(n["id"], [levee, "serve", "--config", str(n["config"])],
                           work / name / f"{n['id']}.log",

@@ -196,6 +196,7 @@ proptest! {
                 hears: &|_| true,
                 clock_of: &|_| None,
                 started: 0,
+                    own_demand: false,
                 };
                 state.rebalance(&target, &rctx);
             }
@@ -262,6 +263,7 @@ fn a_peer_forecast_of_u64_max_does_not_overflow_the_margin() {
             hears: &|_| true,
             clock_of: &|_| None,
             started: 0,
+            own_demand: false,
         };
         // Node 2 (another region) says it needs everything: it gets at most this node's
         // share (25) in each scope. Windows have three at START, a window's first
@@ -301,6 +303,7 @@ fn transfers_that_add_up_past_u64_max_do_not_overflow() {
         hears: &|_| true,
         clock_of: &|_| None,
         started: 0,
+        own_demand: false,
     };
     state.rebalance(&target, &rctx);
     state.decide(&target, RuleMode::Enforce, 1, false, &ctx);

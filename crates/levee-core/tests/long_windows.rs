@@ -97,6 +97,7 @@ impl Lockstep {
                 hears: &|_| true,
                 clock_of: &|_| None,
                 started: 0,
+                own_demand: false,
             };
             self.nodes[node].rebalance(&target, &ctx);
         }

@@ -263,6 +263,7 @@ impl Cluster {
                     hears: &|_| true,
                     clock_of: &|_| None,
                     started: 0,
+                    own_demand: false,
                 };
                 nodes[node].rebalance(&target, &rctx);
             }

@@ -30,6 +30,10 @@ pub struct App {
     pub prometheus: &'static PrometheusHandle,
     /// The cluster side, when the node runs in a cluster.
     pub replication: Option<Arc<Replication>>,
+    /// `cluster.local_first`: a check whose key a region-mate owns is decided here when this
+    /// node's own rights admit it ([`Limiter::check_if_held`]), and forwarded otherwise.
+    /// Read at start (a change needs a restart).
+    pub local_first: bool,
     /// Whether the last reload failed (the file on disk differs from the running one).
     reload_failed: AtomicBool,
     /// Checks waiting for rights now (`max_wait_ms`, see [`crate::wait`]).
@@ -135,6 +139,7 @@ impl App {
         replication: Option<Arc<Replication>>,
     ) -> App {
         let limiter = Limiter::new(&config, clock);
+        let local_first = config.cluster.as_ref().is_some_and(|c| c.local_first);
         App {
             config: ArcSwap::from_pointee(config),
             limiter,
@@ -142,6 +147,7 @@ impl App {
             shutting_down: AtomicBool::new(false),
             prometheus,
             replication,
+            local_first,
             reload_failed: AtomicBool::new(false),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -368,6 +374,11 @@ impl App {
             Route::Owner(owner) => match self.limiter.validate(req) {
                 Err(e) => Here::Decided(Err(e)),
                 Ok(()) if self.limiter.is_listed(req) => Here::Decided(self.limiter.check(req)),
+                Ok(()) if self.local_first => match self.limiter.check_if_held(req) {
+                    Ok(Some(out)) => Here::Decided(Ok(out)),
+                    Ok(None) => Here::AtOwner(owner),
+                    Err(e) => Here::Decided(Err(e)),
+                },
                 Ok(()) => Here::AtOwner(owner),
             },
             Route::Alone => Here::Decided(
@@ -507,6 +518,10 @@ fn restart_needed(old: &Config, new: &Config) -> Option<&'static str> {
     let topology = |c: &Config| c.cluster.as_ref().map(|c| c.gossip_topology);
     if topology(old) != topology(new) {
         return Some("cluster.gossip_topology");
+    }
+    let local_first = |c: &Config| c.cluster.as_ref().map(|c| c.local_first);
+    if local_first(old) != local_first(new) {
+        return Some("cluster.local_first");
     }
     None
 }

@@ -42,10 +42,19 @@ impl App {
             Route::Owner(_) if self.limiter.is_listed(req) => {
                 Pending::Here(self.limiter.check(req)?, DecidedAt::Here)
             }
-            Route::Owner(owner) => Pending::Owner(
-                owner,
-                repl.forward_start(owner, forward_check(req, false), now),
-            ),
+            Route::Owner(owner) => match self.local_first {
+                true => match self.limiter.check_if_held(req)? {
+                    Some(out) => Pending::Here(out, DecidedAt::Here),
+                    None => Pending::Owner(
+                        owner,
+                        repl.forward_start(owner, forward_check(req, false), now),
+                    ),
+                },
+                false => Pending::Owner(
+                    owner,
+                    repl.forward_start(owner, forward_check(req, false), now),
+                ),
+            },
         })
     }
 

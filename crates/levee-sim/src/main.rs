@@ -68,6 +68,10 @@ struct Cli {
     /// and one node per other region, which relays).
     #[arg(long, default_value = "mesh", value_parser = parse_gossip)]
     gossip: levee_cluster::Topology,
+    /// Run every node with `cluster.local_first`: a node that is not a key's owner decides
+    /// the checks it holds rights for and forwards only the rest.
+    #[arg(long)]
+    local_first: bool,
     /// Measure the gossip protocol's cost per node as the cluster grows (regions × nodes,
     /// e.g. 2x2,5x5,10x10,10x20), under both topologies, with --scale-keys decisions a second.
     #[arg(long, value_delimiter = ',')]
@@ -149,6 +153,7 @@ fn main() -> ExitCode {
         let scenario = scenario.unwrap_or(Scenario::for_seed_in(set, seed));
         let mut plan = scenario.plan(seed);
         plan.protocol.gossip = cli.gossip;
+        plan.protocol.local_first = cli.local_first;
         return replay(&plan);
     }
     let seeds = cli.seeds.unwrap_or(100);
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
         threads,
         progress: true,
         gossip: cli.gossip,
+        local_first: cli.local_first,
     };
     quiet_panics();
     let started = Instant::now();

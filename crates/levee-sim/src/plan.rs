@@ -128,6 +128,9 @@ pub struct ProtocolParams {
     pub max_clock_skew: u64,
     /// Who a node gossips with (production default: every node).
     pub gossip: levee_cluster::Topology,
+    /// `cluster.local_first`: a node that is not a key's owner decides a check itself when
+    /// the rights it holds admit it, and forwards only the rest (production default: off).
+    pub local_first: bool,
 }
 
 impl Default for ProtocolParams {
@@ -138,6 +141,7 @@ impl Default for ProtocolParams {
             anti_entropy_interval: 1_000,
             max_clock_skew: 500,
             gossip: levee_cluster::Topology::Mesh,
+            local_first: false,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct Batch {
     pub progress: bool,
     /// Who a node gossips with, in every run.
     pub gossip: levee_cluster::Topology,
+    /// `cluster.local_first` on every node, in every run.
+    pub local_first: bool,
 }
 
 /// Runs every seed of `batch` with every policy and folds the outcomes.
@@ -54,6 +56,7 @@ pub fn run_batch(batch: &Batch) -> Summary {
                             .unwrap_or(Scenario::for_seed_in(batch.set, seed));
                         let mut plan = scenario.plan(seed);
                         plan.protocol.gossip = batch.gossip;
+                        plan.protocol.local_first = batch.local_first;
                         let outcome = run_plan(&plan, &Policy::ALL);
                         if !outcome.violations.is_empty() {
                             failed.fetch_add(1, Ordering::Relaxed);

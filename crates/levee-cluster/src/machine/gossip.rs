@@ -171,6 +171,7 @@ impl Cluster {
         // Each peer's clock estimate, once per interval rather than per key and scope.
         let clocks: Vec<_> = self.peer.iter().map(|p| p.clock.get()).collect();
         let started = self.started;
+        let own_demand = self.local_first;
         let mut given = 0u64;
         store.update_active(&mut |id, state, target| {
             let capacity = target.algorithm.capacity() as f64;
@@ -188,6 +189,7 @@ impl Cluster {
                 hears: &|n| membership.is_reachable(n),
                 clock_of: &|n| clocks.get(usize::from(n.0)).copied().flatten(),
                 started,
+                own_demand,
             };
             given = given.saturating_add(state.rebalance(target, &ctx));
         });

@@ -113,6 +113,10 @@ pub struct Cluster {
     refused: u64,
     /// Rights this node gave away by rebalancing (strict mode), in tokens.
     rights_given: u64,
+    /// `cluster.local_first`: this node decides, as a region-mate of a key's owner, the
+    /// checks it holds rights for, so its own demand counts when it rebalances
+    /// ([`Cluster::set_local_first`]).
+    local_first: bool,
     /// Per-key overrides: when their digest next goes out (`overrides.rs`).
     overrides: overrides::OverrideSync,
     /// Regional gossip: gateways, who chose this node, keys to relay (`topology.rs`).
@@ -147,6 +151,7 @@ impl Cluster {
             last_pull: now,
             refused: 0,
             rights_given: 0,
+            local_first: false,
             overrides: overrides::OverrideSync::default(),
             gateways: topology::Gateways::default(),
             cfg,
@@ -166,6 +171,15 @@ impl Cluster {
         c.reported_view = c.view();
         c.events.push_back(Event::ViewChanged(c.reported_view));
         c
+    }
+
+    /// Sets whether this node decides checks of keys a region-mate owns when it holds the
+    /// rights for them (`cluster.local_first`; the node's decision path does that part):
+    /// then its own demand for such keys counts when it rebalances, so it keeps the rights
+    /// its forecast needs and gives the owner only the rest (as nodes of different regions
+    /// do). Off by default: a region-mate gives the owner everything it does not use.
+    pub fn set_local_first(&mut self, on: bool) {
+        self.local_first = on;
     }
 
     /// This node.

@@ -102,6 +102,11 @@ pub struct RebalanceCtx<'a> {
     /// began earlier may have been lost with a crash, so once such a window has ended here
     /// it gives none of it (it would give rights its lost requests used).
     pub started: Millis,
+    /// Whether this node's own demand counts when it is not the key's owner
+    /// (`cluster.local_first`: such a node decides the checks it holds rights for, so it
+    /// keeps what its forecast needs and gives the owner only the rest). Otherwise every
+    /// check of the key goes to its owner, and a region-mate's forecast is zero.
+    pub own_demand: bool,
 }
 
 /// A peer's clock against this node's, as estimated from the times its messages carry

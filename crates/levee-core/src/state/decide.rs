@@ -30,6 +30,28 @@ impl KeyState {
         decision_of(target.algorithm, mode, cost, &ev, consumed, true, ctx)
     }
 
+    /// Decides and commits a check of `cost` only if this node's own rights admit it now
+    /// (`cluster.local_first`: a node that is not the key's owner decides what it holds
+    /// rights for, and forwards the rest). Otherwise it changes nothing but what this node's
+    /// demand forecast samples (the request was asked here, and rights should follow it
+    /// here), and returns `None`: the caller forwards the check to the owner, whose decision
+    /// counts it.
+    pub fn decide_if_held(
+        &mut self,
+        target: &Target<'_>,
+        mode: RuleMode,
+        cost: u64,
+        ctx: &DecideCtx<'_>,
+    ) -> Option<Decision> {
+        let ev = self.evaluate(target, cost, ctx);
+        if !ev.would_allow || cost == 0 {
+            self.requested = self.requested.saturating_add(cost);
+            return None;
+        }
+        self.commit(target, cost, true, &ev, ctx);
+        Some(decision_of(target.algorithm, mode, cost, &ev, true, true, ctx))
+    }
+
     /// Gives `cost` tokens back. Never raises what is available above the node's capacity,
     /// and never refunds more than this node consumed in the epochs still counted.
     pub fn refund(&mut self, target: &Target<'_>, cost: u64, ctx: &DecideCtx<'_>) -> Decision {

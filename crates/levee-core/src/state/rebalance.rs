@@ -28,7 +28,7 @@ impl KeyState {
             // for: what the node holds beyond its use goes where requests wait (its forecast
             // comes back with its next requests).
             Some(b) if epoch_len > HORIZON_MS && now.saturating_sub(b.last_demand) > PAUSE_MS => 0,
-            Some(b) if ctx.owner == ctx.me => b.forecast.expected(epoch_len),
+            Some(b) if ctx.owner == ctx.me || ctx.own_demand => b.forecast.expected(epoch_len),
             _ => 0,
         };
         let inherited = ctx

@@ -60,5 +60,6 @@ pub(crate) fn rebalance_ctx(
         hears: &hears_everyone,
         clock_of: &clock_unknown,
         started: 0,
+        own_demand: false,
     }
 }

@@ -220,6 +220,13 @@ pub struct ClusterSection {
     /// topology").
     #[serde(default)]
     pub gossip_topology: GossipTopology,
+    /// Whether a node that is not a key's owner decides a check itself when the rights it
+    /// holds of the key admit it, and forwards only the rest to the owner (default `false`:
+    /// every check goes to its owner). Saves the round trip inside the region for callers
+    /// that do not route to owners; rights then follow each node's own demand as they do
+    /// between regions (docs/replication.md, "Ownership and routing").
+    #[serde(default)]
+    pub local_first: bool,
 }
 
 /// `[cluster] gossip_topology`: who a node gossips with every interval.

@@ -2,7 +2,7 @@
 //! looked up and validated before any counter is touched; a retry with a known idempotency
 //! key is answered from the cache without being charged again.
 
-use levee_core::{DecideCtx, Decision};
+use levee_core::{Algorithm, DecideCtx, Decision};
 
 use super::api_error::ApiError;
 use super::idempotency::Cached;
@@ -57,6 +57,59 @@ impl Limiter {
         r.id_into(&mut id, req.key);
         let (decision, local) = self.decide_resolved(&r, &id, req, Field::Top, &ctx)?;
         Ok(outcome(&r, decision, Some(local), now))
+    }
+
+    /// `cluster.local_first`: decides `req` here if this node's own rights admit it now,
+    /// although another node of the region owns its key; `Ok(None)` when it must go to the
+    /// owner (this node holds too little, the key is new here, or the check is one an owner
+    /// must decide: with an idempotency key, a dry run, a listed or overridden key, a
+    /// sliding log or a leaky bucket). Nothing is consumed unless it is admitted; a check
+    /// sent on counts toward this node's demand forecast, so that rights follow it here.
+    pub fn check_if_held(&self, req: CheckRef<'_>) -> Result<Option<Outcome>, ApiError> {
+        if req.idempotency_key.is_some() || req.dry_run || req.cost == 0 {
+            return Ok(None);
+        }
+        let rules = self.rules.load();
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
+        let r = rules.resolve_check(&overrides, now, req)?;
+        let decided_anywhere = matches!(
+            r.target.algorithm,
+            Algorithm::TokenBucket { .. }
+                | Algorithm::FixedWindow { .. }
+                | Algorithm::SlidingWindow { .. }
+                | Algorithm::Quota { .. }
+        );
+        if r.list.is_some() || r.overridden || !decided_anywhere {
+            return Ok(None);
+        }
+        let ctx = self.ctx(&rules, now);
+        let mut id = Vec::new();
+        r.id_into(&mut id, req.key);
+        let Some(entry) = self.store.get(&id) else {
+            // New here: its owner creates it.
+            return Ok(None);
+        };
+        let decided = {
+            let mut slot = entry.lock();
+            if slot.removed {
+                return Ok(None);
+            }
+            let s = &mut slot.state;
+            let d = s
+                .decide_if_held(&r.target, r.entry.rule.mode, req.cost, &ctx)
+                .map(|d| global_remaining(s, &r.target, &ctx, d));
+            self.store.note(&entry, &mut slot);
+            d
+        };
+        let Some((d, local)) = decided else {
+            return Ok(None);
+        };
+        self.record(&r.entry.metrics, &d, false);
+        self.notices
+            .observe(&r.entry.rule.name, r.target.algorithm, req.key, &d, now);
+        crate::activity::sample(req.rule, req.key);
+        Ok(Some(outcome(&r, d, Some(local), now)))
     }
 
     /// Forgets the answer remembered under `req`'s idempotency key, if any: a check that

@@ -156,7 +156,7 @@ impl Replication {
         };
         let (transport, inbound) = Transport::start(transport_cfg).await?;
         let suspect_after = cluster_cfg.suspect_after.as_millis();
-        let state = Cluster::new(
+        let mut state = Cluster::new(
             ClusterConfig {
                 me,
                 replicas: replicas.clone(),
@@ -169,6 +169,7 @@ impl Replication {
             },
             now,
         );
+        state.set_local_first(cluster_cfg.local_first);
         let repl = Arc::new(Replication {
             routes: state.routes(),
             cluster: Mutex::new(state),

@@ -207,7 +207,8 @@ impl<'p> Driver<'p> {
         for i in 0..n {
             // A node added later is built with the last list, and down until it starts.
             let list = if i < first { 0 } else { plan.lists.len() - 1 };
-            let cluster = Cluster::new(d.config(i, list), d.clock_at(offset(i)));
+            let mut cluster = Cluster::new(d.config(i, list), d.clock_at(offset(i)));
+            cluster.set_local_first(plan.protocol.local_first);
             let states = SimStates::new(NodeIdx(i as u16), cluster.spending(), plan.rules());
             d.ledger.set_offset(i, 0, offset(i));
             d.nodes.push(SimNode {

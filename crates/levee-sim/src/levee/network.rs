@@ -70,7 +70,8 @@ impl<'p> Driver<'p> {
     pub(super) fn start(&mut self, node: usize, list: usize, offset: i64) {
         self.retire(node);
         self.nodes[node].offset = offset;
-        let cluster = Cluster::new(self.config(node, list), self.clock(node));
+        let mut cluster = Cluster::new(self.config(node, list), self.clock(node));
+        cluster.set_local_first(self.plan.protocol.local_first);
         let states = SimStates::new(NodeIdx(node as u16), cluster.spending(), self.plan.rules());
         self.ledger.set_offset(node, self.now, offset);
         let n = &mut self.nodes[node];

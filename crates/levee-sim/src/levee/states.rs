@@ -197,6 +197,35 @@ impl SimStates {
         Some(d)
     }
 
+    /// Decides a check here only if this node's own rights admit it, as a node with
+    /// `cluster.local_first` does for a key a region-mate owns (`Limiter::check_if_held`):
+    /// `None` when it must go to the owner (the key is not held here, or the rights are
+    /// short; the request then counts toward this node's forecast).
+    pub fn decide_if_held(
+        &mut self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Millis,
+        view: ClusterView,
+    ) -> Option<Decision> {
+        let (target, id) = resolve(&self.rules, rule, key, cost, now)?;
+        if cost == 0 {
+            return None;
+        }
+        let ctx = DecideCtx {
+            now,
+            me: self.me,
+            replicas: &self.replicas,
+            view,
+        };
+        let state = self.keys.get_mut(&id)?;
+        let d = state.decide_if_held(&target, RuleMode::Enforce, cost, &ctx);
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
+        d
+    }
+
     /// Gives back `cost` tokens of `rule` for `key` at `now`, as a node does for a check
     /// with `refund: true`, and says what the core really gave back: by epoch (a sliding
     /// log's: by the millisecond of the admission), in tokens. A token bucket's is what its
