@@ -60,7 +60,6 @@ fn given_at(now: u64, grown_from: u64, clock: Option<PeerClock>, started: u64) -
         clock_of: &|_| clock,
         started,
         ..rebalance_ctx(&replicas, now, 0, 50)
-        own_demand: false,
     };
     eu.rebalance(&target, &rebalance);
     eu.crdt()

@@ -428,6 +428,11 @@ impl App {
             Route::Alone => true,
             Route::Owner(owner) => {
                 self.limiter.validate(req)?;
+                if self.local_first
+                    && let Some(out) = self.limiter.refund_if_held(req)?
+                {
+                    return Ok(out);
+                }
                 let now = self.limiter.clock.now_ms();
                 if let Some(d) = repl.forward(owner, forward_check(req, true), now).await {
                     return self

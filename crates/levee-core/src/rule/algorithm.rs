@@ -181,6 +181,20 @@ impl Algorithm {
         3
     }
 
+    /// Whether a node that is not a key's owner may decide a check of it from the rights it
+    /// holds (`cluster.local_first`): every algorithm whose decision needs nothing but this
+    /// node's rights. A sliding log (its entries' times) and a leaky bucket (the queue's
+    /// delay) are decided by the key's owner only.
+    pub fn decided_where_held(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket { .. }
+                | Algorithm::FixedWindow { .. }
+                | Algorithm::SlidingWindow { .. }
+                | Algorithm::Quota { .. }
+        )
+    }
+
     /// Whether rights are held per epoch (fixed windows and quotas) rather than continuously
     /// (token buckets and sliding windows, whose usage carries from one epoch to the next).
     #[inline]

@@ -49,7 +49,42 @@ impl KeyState {
             return None;
         }
         self.commit(target, cost, true, &ev, ctx);
-        Some(decision_of(target.algorithm, mode, cost, &ev, true, true, ctx))
+        Some(decision_of(
+            target.algorithm,
+            mode,
+            cost,
+            &ev,
+            true,
+            true,
+            ctx,
+        ))
+    }
+
+    /// Whether this node counted enough of the key to give `cost` back here in full: its own
+    /// net consumption in the epochs a refund draws from, or, for a token bucket, room in its
+    /// own sub-bucket. A node with `cluster.local_first` takes a refund of a key a region-mate
+    /// owns when this holds (it most likely admitted the check itself), and sends it to the
+    /// owner otherwise. A sliding log or a leaky bucket is always decided by its owner.
+    pub fn refundable_here(&self, target: &Target<'_>, cost: u64, ctx: &DecideCtx<'_>) -> bool {
+        let algo = target.algorithm;
+        let e = algo.epoch(ctx.now);
+        let net = |epoch: u64| {
+            self.crdt
+                .slot(epoch)
+                .and_then(|s| s.tallies.get(ctx.me))
+                .map_or(0, |t| t.net())
+        };
+        match *algo {
+            Algorithm::TokenBucket { .. } => {
+                let (level, units) = self.own_level(target, ctx);
+                level + i128::from(cost) * NANO <= i128::from(units) * NANO
+            }
+            Algorithm::SlidingWindow { .. } => {
+                net(e).saturating_add(net(e.saturating_sub(1))) >= cost
+            }
+            Algorithm::FixedWindow { .. } | Algorithm::Quota { .. } => net(e) >= cost,
+            _ => false,
+        }
     }
 
     /// Gives `cost` tokens back. Never raises what is available above the node's capacity,

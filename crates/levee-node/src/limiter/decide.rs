@@ -2,7 +2,7 @@
 //! looked up and validated before any counter is touched; a retry with a known idempotency
 //! key is answered from the cache without being charged again.
 
-use levee_core::{Algorithm, DecideCtx, Decision};
+use levee_core::{DecideCtx, Decision};
 
 use super::api_error::ApiError;
 use super::idempotency::Cached;
@@ -73,14 +73,7 @@ impl Limiter {
         let overrides = self.overrides.load();
         let now = self.clock.now_ms();
         let r = rules.resolve_check(&overrides, now, req)?;
-        let decided_anywhere = matches!(
-            r.target.algorithm,
-            Algorithm::TokenBucket { .. }
-                | Algorithm::FixedWindow { .. }
-                | Algorithm::SlidingWindow { .. }
-                | Algorithm::Quota { .. }
-        );
-        if r.list.is_some() || r.overridden || !decided_anywhere {
+        if r.list.is_some() || r.overridden || !r.target.algorithm.decided_where_held() {
             return Ok(None);
         }
         let ctx = self.ctx(&rules, now);
@@ -109,6 +102,39 @@ impl Limiter {
         self.notices
             .observe(&r.entry.rule.name, r.target.algorithm, req.key, &d, now);
         crate::activity::sample(req.rule, req.key);
+        Ok(Some(outcome(&r, d, Some(local), now)))
+    }
+
+    /// `cluster.local_first`: gives `req`'s tokens back here, although another node of the
+    /// region owns its key, when this node counted enough of it to give them back in full
+    /// ([`levee_core::KeyState::refundable_here`]: it most likely admitted the check itself);
+    /// `Ok(None)` when the refund must go to the owner (also with an idempotency key, for a
+    /// listed or overridden key, or a key not held here).
+    pub fn refund_if_held(&self, req: CheckRef<'_>) -> Result<Option<Outcome>, ApiError> {
+        if req.idempotency_key.is_some() || req.cost == 0 {
+            return Ok(None);
+        }
+        let rules = self.rules.load();
+        let overrides = self.overrides.load();
+        let now = self.clock.now_ms();
+        let r = rules.resolve_check(&overrides, now, req)?;
+        if r.list.is_some() || r.overridden {
+            return Ok(None);
+        }
+        let ctx = self.ctx(&rules, now);
+        let mut id = Vec::new();
+        r.id_into(&mut id, req.key);
+        let Some(entry) = self.store.get(&id) else {
+            return Ok(None);
+        };
+        let mut slot = entry.lock();
+        if slot.removed || !slot.state.refundable_here(&r.target, req.cost, &ctx) {
+            return Ok(None);
+        }
+        let s = &mut slot.state;
+        let d = s.refund(&r.target, req.cost, &ctx);
+        let (d, local) = global_remaining(s, &r.target, &ctx, d);
+        self.store.note(&entry, &mut slot);
         Ok(Some(outcome(&r, d, Some(local), now)))
     }
 

@@ -64,13 +64,14 @@ impl<'p> Driver<'p> {
             Route::Alone => self.decide(entry, ask, true),
             // `cluster.local_first`: decided here if this node holds the rights (a mixed run's
             // `all` call still goes to the owner, as a node's does).
-            Route::Owner(_) if self.plan.protocol.local_first && !self.plan.mixed && {
-                let view = self.nodes[entry].cluster.view();
-                let d = self.nodes[entry]
-                    .states
-                    .decide_if_held(RULE, name, ask.cost, t, view);
-                d.is_some_and(|d| d.allowed)
-            } =>
+            Route::Owner(_)
+                if self.plan.protocol.local_first && !self.plan.mixed && {
+                    let view = self.nodes[entry].cluster.view();
+                    let d = self.nodes[entry]
+                        .states
+                        .decide_if_held(RULE, name, ask.cost, t, view);
+                    d.is_some_and(|d| d.allowed)
+                } =>
             {
                 self.demand(ask, self.plan.window_of(t));
                 self.admitted(entry, ask, t);

@@ -210,7 +210,7 @@ impl SimStates {
         view: ClusterView,
     ) -> Option<Decision> {
         let (target, id) = resolve(&self.rules, rule, key, cost, now)?;
-        if cost == 0 {
+        if cost == 0 || !target.algorithm.decided_where_held() {
             return None;
         }
         let ctx = DecideCtx {
