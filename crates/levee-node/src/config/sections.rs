@@ -331,4 +331,23 @@ mod tests {
         assert!(e.to_string().contains("cluster.gossip_topology"), "{e}");
         assert!(e.to_string().contains("`mesh` or `regions`"), "{e}");
     }
+
+    #[test]
+    fn local_first_is_off_unless_set_and_a_bad_value_names_its_line_and_field() {
+        let base = "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n";
+        let node = "[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
+        let local_first = |text: &str| {
+            Config::parse(text, "t.toml")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .cluster
+                .map(|c| c.local_first)
+        };
+        assert_eq!(local_first(&format!("{base}{node}")), Some(false));
+        let on = format!("{base}local_first = true\n{node}");
+        assert_eq!(local_first(&on), Some(true));
+        let bad = format!("{base}local_first = \"yes\"\n{node}");
+        let e = Config::parse(&bad, "t.toml").unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.to_string().contains("cluster.local_first"), "{e}");
+    }
 }
