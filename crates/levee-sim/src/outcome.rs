@@ -45,6 +45,9 @@ pub struct RunOutcome {
     pub runs: Vec<PolicyRun>,
     /// Failed properties, panics included.
     pub violations: Vec<Violation>,
+    /// The protocol options the run used beyond the defaults, as the command line gives them
+    /// (`--gossip regions`, `--local-first`), for its replay command.
+    pub options: String,
 }
 
 impl RunOutcome {
@@ -56,9 +59,10 @@ impl RunOutcome {
     /// The command that replays this run.
     pub fn replay_command(&self) -> String {
         format!(
-            "cargo run --release -p levee-sim -- --seed {} --scenario {}",
+            "cargo run --release -p levee-sim -- --seed {} --scenario {}{}",
             self.seed,
-            self.scenario.name()
+            self.scenario.name(),
+            self.options
         )
     }
 }
@@ -149,6 +153,19 @@ pub fn run_plan(plan: &RunPlan, policies: &[Policy]) -> RunOutcome {
         scenario: plan.scenario,
         runs: Vec::new(),
         violations: Vec::new(),
+        options: format!(
+            "{}{}",
+            if plan.protocol.gossip == levee_cluster::Topology::Regions {
+                " --gossip regions"
+            } else {
+                ""
+            },
+            if plan.protocol.local_first {
+                " --local-first"
+            } else {
+                ""
+            }
+        ),
     };
     for &policy in policies {
         if policy == Policy::SharedCounter && !(plan.algo == Algo::FixedWindow && plan.unit_costs())

@@ -29,7 +29,7 @@ fn with_local_first_every_property_holds_in_the_classic_scenarios() {
         .flat_map(|o| {
             o.violations
                 .iter()
-                .map(move |v| format!("{v}\n    replay: {} --local-first", o.replay_command()))
+                .map(move |v| format!("{v}\n    replay: {}", o.replay_command()))
         })
         .collect();
     assert!(
