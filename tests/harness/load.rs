@@ -300,6 +300,46 @@ impl Accounting {
 // Load in the background, and what a node says of its peers
 // ---------------------------------------------------------------------------------------------
 
+/// `rule`/`key` overloaded from every node of `c`, two streams of 100 checks a second each,
+/// for `windows` windows of `PER_SECOND_LIMIT` a second from the next window's start: asserts
+/// that every check was answered and attributed, that every window really was overloaded (else
+/// the bound proves nothing) and that none admitted more than the limit. Prints the windows'
+/// table under `what`; returns the samples.
+pub(crate) fn overload_every_node(
+    c: &LocalClusterHandle,
+    rule: &str,
+    key: &str,
+    windows: u64,
+    what: &str,
+) -> Vec<Sample> {
+    let demand: Vec<Demand> = (0..c.len())
+        .flat_map(|node| {
+            [Demand {
+                node,
+                per_second: 100.0,
+            }; 2]
+        })
+        .collect();
+    let start = next_window_start(SECOND_MS);
+    let samples = run_load(c, rule, key, &demand, start, windows * SECOND_MS);
+    let a = account(&samples, SECOND_MS);
+    let first = start / SECOND_MS;
+    eprintln!(
+        "{what}, limit {PER_SECOND_LIMIT} per window:\n{}",
+        a.table(first, windows, PER_SECOND_LIMIT)
+    );
+    a.assert_clean();
+    a.assert_within(first, windows, PER_SECOND_LIMIT, "");
+    for w in first..first + windows {
+        let t = a.tally(w);
+        assert!(
+            t.denied > 0 && t.sent > 2 * PER_SECOND_LIMIT,
+            "window {w} was not overloaded: {t:?}"
+        );
+    }
+    samples
+}
+
 /// One stream of `per_second` checks at each node of `nodes`: their URLs and demand.
 pub(crate) fn streams(
     c: &LocalClusterHandle,

@@ -581,21 +581,15 @@ impl ClusterHost for App {
 #[cfg(test)]
 mod tests {
     use super::restart_needed;
-    use crate::config::Config;
+    use crate::config::one_node_cluster;
 
     /// `cluster.local_first` is read at start: a reload that changes it names it (and the
     /// running setting is kept), one that keeps it does not.
     #[test]
     fn a_reload_that_changes_local_first_names_the_field() {
-        let text = |extra: &str| {
-            format!(
-                "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = {{ eu = 1 }}\n{extra}\
-                 [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n"
-            )
-        };
-        let parse = |t: String| Config::parse(&t, "t.toml").unwrap_or_else(|e| panic!("{e}"));
-        let off = parse(text(""));
-        let on = parse(text("local_first = true\n"));
+        let parse = |extra: &str| one_node_cluster(extra).unwrap_or_else(|e| panic!("{e}"));
+        let off = parse("");
+        let on = parse("local_first = true\n");
         assert_eq!(restart_needed(&off, &on), Some("cluster.local_first"));
         assert_eq!(restart_needed(&on, &off), Some("cluster.local_first"));
         assert_eq!(restart_needed(&on, &on), None);

@@ -306,27 +306,23 @@ mod dial_addr {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Config;
-    use super::GossipTopology;
+    use super::super::{ConfigError, one_node_cluster};
+    use super::{ClusterSection, GossipTopology};
+
+    /// The cluster section of a one-node cluster with `extra` lines in it, or the error.
+    fn cluster_with(extra: &str) -> Result<ClusterSection, ConfigError> {
+        one_node_cluster(extra).map(|c| c.cluster.expect("a [cluster] section"))
+    }
 
     #[test]
     fn gossip_topology_is_mesh_unless_set_and_a_bad_value_names_its_line_and_field() {
-        let base = "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n";
-        let node = "[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
-        let topology = |text: &str| {
-            Config::parse(text, "t.toml")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .cluster
-                .map(|c| c.gossip_topology)
-        };
+        let topology = |extra: &str| cluster_with(extra).unwrap().gossip_topology;
+        assert_eq!(topology(""), GossipTopology::Mesh);
         assert_eq!(
-            topology(&format!("{base}{node}")),
-            Some(GossipTopology::Mesh)
+            topology("gossip_topology = \"regions\"\n"),
+            GossipTopology::Regions
         );
-        let regions = format!("{base}gossip_topology = \"regions\"\n{node}");
-        assert_eq!(topology(&regions), Some(GossipTopology::Regions));
-        let bad = format!("{base}gossip_topology = \"ring\"\n{node}");
-        let e = Config::parse(&bad, "t.toml").unwrap_err();
+        let e = cluster_with("gossip_topology = \"ring\"\n").unwrap_err();
         assert_eq!(e.line, Some(6), "{e}");
         assert!(e.to_string().contains("cluster.gossip_topology"), "{e}");
         assert!(e.to_string().contains("`mesh` or `regions`"), "{e}");
@@ -334,19 +330,10 @@ mod tests {
 
     #[test]
     fn local_first_is_off_unless_set_and_a_bad_value_names_its_line_and_field() {
-        let base = "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n";
-        let node = "[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
-        let local_first = |text: &str| {
-            Config::parse(text, "t.toml")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .cluster
-                .map(|c| c.local_first)
-        };
-        assert_eq!(local_first(&format!("{base}{node}")), Some(false));
-        let on = format!("{base}local_first = true\n{node}");
-        assert_eq!(local_first(&on), Some(true));
-        let bad = format!("{base}local_first = \"yes\"\n{node}");
-        let e = Config::parse(&bad, "t.toml").unwrap_err();
+        let local_first = |extra: &str| cluster_with(extra).unwrap().local_first;
+        assert!(!local_first(""));
+        assert!(local_first("local_first = true\n"));
+        let e = cluster_with("local_first = \"yes\"\n").unwrap_err();
         assert_eq!(e.line, Some(6), "{e}");
         assert!(e.to_string().contains("cluster.local_first"), "{e}");
     }

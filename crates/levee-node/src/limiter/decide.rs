@@ -2,7 +2,7 @@
 //! looked up and validated before any counter is touched; a retry with a known idempotency
 //! key is answered from the cache without being charged again.
 
-use levee_core::{DecideCtx, Decision};
+use levee_core::{DecideCtx, Decision, KeyState, Millis};
 
 use super::api_error::ApiError;
 use super::idempotency::Cached;
@@ -61,12 +61,55 @@ impl Limiter {
 
     /// `cluster.local_first`: decides `req` here if this node's own rights admit it now,
     /// although another node of the region owns its key; `Ok(None)` when it must go to the
-    /// owner (this node holds too little, the key is new here, or the check is one an owner
-    /// must decide: with an idempotency key, a dry run, a listed or overridden key, a
-    /// sliding log or a leaky bucket). Nothing is consumed unless it is admitted; a check
-    /// sent on counts toward this node's demand forecast, so that rights follow it here.
+    /// owner (this node holds too little, or see [`Limiter::at_held_key`]). Nothing is
+    /// consumed unless it is admitted; a check sent on counts toward this node's demand
+    /// forecast, so that rights follow it here.
     pub fn check_if_held(&self, req: CheckRef<'_>) -> Result<Option<Outcome>, ApiError> {
-        if req.idempotency_key.is_some() || req.dry_run || req.cost == 0 {
+        if req.dry_run {
+            return Ok(None);
+        }
+        self.at_held_key(
+            req,
+            |r, s, ctx| s.decide_if_held(&r.target, r.entry.rule.mode, req.cost, ctx),
+            |r, d, now| {
+                self.record(&r.entry.metrics, d, false);
+                self.notices
+                    .observe(&r.entry.rule.name, r.target.algorithm, req.key, d, now);
+                crate::activity::sample(req.rule, req.key);
+            },
+        )
+    }
+
+    /// `cluster.local_first`: gives `req`'s tokens back here, although another node of the
+    /// region owns its key, when this node counted enough of it to give them back in full
+    /// ([`levee_core::KeyState::refundable_here`]: it most likely admitted the check itself);
+    /// `Ok(None)` when the refund must go to the owner.
+    pub fn refund_if_held(&self, req: CheckRef<'_>) -> Result<Option<Outcome>, ApiError> {
+        self.at_held_key(
+            req,
+            |r, s, ctx| {
+                s.refundable_here(&r.target, req.cost, ctx)
+                    .then(|| s.refund(&r.target, req.cost, ctx))
+            },
+            |_, _, _| {},
+        )
+    }
+
+    /// What [`Limiter::check_if_held`] and [`Limiter::refund_if_held`] share: `decide` runs
+    /// on the key's state held here, under its lock, and says what was decided (`None`: the
+    /// owner decides); `then` runs after a decision here. The owner decides, without `decide`
+    /// running, a request with an idempotency key (its answer is remembered at the owner) or
+    /// of cost 0, a listed or overridden key, a sliding log or leaky bucket
+    /// ([`levee_core::Algorithm::decided_where_held`]) and a key not held here (its owner
+    /// creates it). The key is listed as changed whatever `decide` did: a check sent on
+    /// still moved this node's demand.
+    fn at_held_key(
+        &self,
+        req: CheckRef<'_>,
+        decide: impl FnOnce(&Resolved<'_>, &mut KeyState, &DecideCtx<'_>) -> Option<Decision>,
+        then: impl FnOnce(&Resolved<'_>, &Decision, Millis),
+    ) -> Result<Option<Outcome>, ApiError> {
+        if req.idempotency_key.is_some() || req.cost == 0 {
             return Ok(None);
         }
         let rules = self.rules.load();
@@ -80,7 +123,6 @@ impl Limiter {
         let mut id = Vec::new();
         r.id_into(&mut id, req.key);
         let Some(entry) = self.store.get(&id) else {
-            // New here: its owner creates it.
             return Ok(None);
         };
         let decided = {
@@ -89,52 +131,14 @@ impl Limiter {
                 return Ok(None);
             }
             let s = &mut slot.state;
-            let d = s
-                .decide_if_held(&r.target, r.entry.rule.mode, req.cost, &ctx)
-                .map(|d| global_remaining(s, &r.target, &ctx, d));
+            let d = decide(&r, s, &ctx).map(|d| global_remaining(s, &r.target, &ctx, d));
             self.store.note(&entry, &mut slot);
             d
         };
         let Some((d, local)) = decided else {
             return Ok(None);
         };
-        self.record(&r.entry.metrics, &d, false);
-        self.notices
-            .observe(&r.entry.rule.name, r.target.algorithm, req.key, &d, now);
-        crate::activity::sample(req.rule, req.key);
-        Ok(Some(outcome(&r, d, Some(local), now)))
-    }
-
-    /// `cluster.local_first`: gives `req`'s tokens back here, although another node of the
-    /// region owns its key, when this node counted enough of it to give them back in full
-    /// ([`levee_core::KeyState::refundable_here`]: it most likely admitted the check itself);
-    /// `Ok(None)` when the refund must go to the owner (also with an idempotency key, for a
-    /// listed or overridden key, or a key not held here).
-    pub fn refund_if_held(&self, req: CheckRef<'_>) -> Result<Option<Outcome>, ApiError> {
-        if req.idempotency_key.is_some() || req.cost == 0 {
-            return Ok(None);
-        }
-        let rules = self.rules.load();
-        let overrides = self.overrides.load();
-        let now = self.clock.now_ms();
-        let r = rules.resolve_check(&overrides, now, req)?;
-        if r.list.is_some() || r.overridden {
-            return Ok(None);
-        }
-        let ctx = self.ctx(&rules, now);
-        let mut id = Vec::new();
-        r.id_into(&mut id, req.key);
-        let Some(entry) = self.store.get(&id) else {
-            return Ok(None);
-        };
-        let mut slot = entry.lock();
-        if slot.removed || !slot.state.refundable_here(&r.target, req.cost, &ctx) {
-            return Ok(None);
-        }
-        let s = &mut slot.state;
-        let d = s.refund(&r.target, req.cost, &ctx);
-        let (d, local) = global_remaining(s, &r.target, &ctx, d);
-        self.store.note(&entry, &mut slot);
+        then(&r, &d, now);
         Ok(Some(outcome(&r, d, Some(local), now)))
     }
 

@@ -62,21 +62,7 @@ impl<'p> Driver<'p> {
         match route {
             Route::Local => self.decide(entry, ask, false),
             Route::Alone => self.decide(entry, ask, true),
-            // `cluster.local_first`: decided here if this node holds the rights (a mixed run's
-            // `all` call still goes to the owner, as a node's does).
-            Route::Owner(_)
-                if self.plan.protocol.local_first && !self.plan.mixed && {
-                    let view = self.nodes[entry].cluster.view();
-                    let d = self.nodes[entry]
-                        .states
-                        .decide_if_held(RULE, name, ask.cost, t, view);
-                    d.is_some_and(|d| d.allowed)
-                } =>
-            {
-                self.demand(ask, self.plan.window_of(t));
-                self.admitted(entry, ask, t);
-                None
-            }
+            Route::Owner(_) if self.admitted_where_held(entry, ask, t) => None,
             Route::Owner(owner) => {
                 let check = |rule: &str, class: Option<&str>| ForwardCheck {
                     rule: rule.to_owned(),
@@ -102,6 +88,27 @@ impl<'p> Driver<'p> {
                 None
             }
         };
+    }
+
+    /// `cluster.local_first`: decides `ask` at `entry` (its clock reading `t`), which does not
+    /// own the key, if the rights it holds admit it, and records the admission; `false` when
+    /// it goes to the owner. A mixed run's `all` call always goes to the owner here (a node
+    /// would reserve each entry where it is held: not modelled).
+    fn admitted_where_held(&mut self, entry: usize, ask: Ask, t: u64) -> bool {
+        if !self.plan.protocol.local_first || self.plan.mixed {
+            return false;
+        }
+        let name = &self.plan.keys[ask.key as usize];
+        let view = self.nodes[entry].cluster.view();
+        let decided = self.nodes[entry]
+            .states
+            .decide_if_held(RULE, name, ask.cost, t, view);
+        if !decided.is_some_and(|d| d.allowed) {
+            return false;
+        }
+        self.demand(ask, self.plan.window_of(t));
+        self.admitted(entry, ask, t);
+        true
     }
 
     /// Records what `ask` asked for, in `window`: in each of its buckets for a mixed run.

@@ -156,6 +156,13 @@ impl SimStates {
         self.fingerprints.clear();
     }
 
+    /// Lists a key this node decided or refunded as changed: its delta goes out and it is
+    /// rebalanced at the next interval.
+    fn touched(&mut self, id: Vec<u8>) {
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
+    }
+
     /// Decides one check of `rule` for `key` at `now`; `None` if the rule is unknown or the
     /// cost can never be granted. With `dry_run`, says what it would decide and changes
     /// nothing (a check waiting for rights looks so, as `levee_node::wait` does). A dry run's
@@ -171,12 +178,7 @@ impl SimStates {
         dry_run: bool,
     ) -> Option<Decision> {
         let (target, id) = resolve(&self.rules, rule, key, cost, now)?;
-        let ctx = DecideCtx {
-            now,
-            me: self.me,
-            replicas: &self.replicas,
-            view,
-        };
+        let ctx = decide_ctx(self.me, &self.replicas, now, view);
         if dry_run {
             // A read creates no key, as a node's does not.
             let mut fresh = KeyState::new();
@@ -192,8 +194,7 @@ impl SimStates {
             false,
             &ctx,
         );
-        self.dirty.insert(id.clone());
-        self.active.insert(id);
+        self.touched(id);
         Some(d)
     }
 
@@ -213,16 +214,10 @@ impl SimStates {
         if cost == 0 || !target.algorithm.decided_where_held() {
             return None;
         }
-        let ctx = DecideCtx {
-            now,
-            me: self.me,
-            replicas: &self.replicas,
-            view,
-        };
+        let ctx = decide_ctx(self.me, &self.replicas, now, view);
         let state = self.keys.get_mut(&id)?;
         let d = state.decide_if_held(&target, RuleMode::Enforce, cost, &ctx);
-        self.dirty.insert(id.clone());
-        self.active.insert(id);
+        self.touched(id);
         d
     }
 
@@ -240,16 +235,10 @@ impl SimStates {
         view: ClusterView,
     ) -> Option<Vec<(u64, u64)>> {
         let (target, id) = resolve(&self.rules, rule, key, cost, now)?;
-        let ctx = DecideCtx {
-            now,
-            me: self.me,
-            replicas: &self.replicas,
-            view,
-        };
+        let ctx = decide_ctx(self.me, &self.replicas, now, view);
         let state = self.keys.entry(id.clone()).or_default();
         let back = refund_measured(state, &target, cost, &ctx);
-        self.dirty.insert(id.clone());
-        self.active.insert(id);
+        self.touched(id);
         Some(back)
     }
 
@@ -281,12 +270,7 @@ impl SimStates {
             .iter()
             .map(|id| self.keys.remove(id).unwrap_or_default())
             .collect();
-        let ctx = DecideCtx {
-            now,
-            me: self.me,
-            replicas: &self.replicas,
-            view,
-        };
+        let ctx = decide_ctx(self.me, &self.replicas, now, view);
         let mut checks: Vec<(&mut KeyState, Target<'_>, RuleMode)> = states
             .iter_mut()
             .zip(targets)
@@ -332,6 +316,16 @@ fn find<'a>(rules: &'a [Bound], name: &str, now: Millis) -> Option<&'a Rule> {
         .iter()
         .find(|b| b.base.name == name)
         .map(|b| b.at(now))
+}
+
+/// What node `me` decides by at `now`, seeing the cluster as `view`.
+fn decide_ctx(me: NodeIdx, replicas: &ReplicaSet, now: Millis, view: ClusterView) -> DecideCtx<'_> {
+    DecideCtx {
+        now,
+        me,
+        replicas,
+        view,
+    }
 }
 
 /// The bucket a check of `cost` for `key` under rule `name` draws from (the key's override
@@ -418,12 +412,7 @@ impl KeyStates for SimStates {
         let target = bound
             .target_of_bucket_with(bucket, over(bound, key))
             .ok_or_else(|| Refused("unknown class".into()))?;
-        let ctx = DecideCtx {
-            now,
-            me: self.me,
-            replicas: &self.replicas,
-            view: ClusterView::alone(),
-        };
+        let ctx = decide_ctx(self.me, &self.replicas, now, ClusterView::alone());
         let changed = levee_cluster::memory::merge_key(
             &mut self.keys,
             &mut self.active,
