@@ -1,68 +1,137 @@
 //! Batches of checks this node forwarded to their owners and still waits for, each with the
-//! time after which the driver is told to decide them alone.
+//! time after which the driver is told to decide them alone; and, for a while after that,
+//! what to give back should the owner's answer come late.
+//!
+//! A batch that times out is decided here, alone. If the owner had decided it too and its
+//! answer arrives after the deadline, the owner's admissions were never seen by any caller:
+//! their tokens would count against the limit with nobody having used them (a caller that
+//! sees one answer and a counter that went up twice). So each batch keeps the consuming
+//! checks it carried, and a late answer's admitted ones are sent back to the owner as
+//! refunds ([`Answer::Late`]). Checks with an idempotency key are not given back: a retry of
+//! one would be answered from the owner's cache, admitted, without consuming again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use levee_core::{Millis, NodeIdx};
+use levee_proto::ForwardCheck;
 
 use crate::event::ForwardId;
 
+/// How long after its deadline a batch's late answer is still given back.
+pub(crate) const LATE_GRACE_MS: Millis = 30_000;
+/// The most checks kept, over every timed-out batch, for late answers: beyond it the oldest
+/// batches are forgotten (their late admissions then stay counted, never admitting more).
+pub(crate) const LATE_MAX_CHECKS: usize = 4_096;
+
 /// A forwarded batch waiting for its answer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Pending {
     owner: NodeIdx,
     checks: usize,
     deadline: Millis,
+    /// Its consuming checks, by position, as the refunds that would give them back.
+    give_back: Vec<(usize, ForwardCheck)>,
 }
 
-/// Forwarded batches waiting for their answers, by id and by deadline.
+/// Forwarded batches waiting for their answers, by id and by deadline; and the batches that
+/// timed out within [`LATE_GRACE_MS`], by id.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PendingForwards {
     next_id: ForwardId,
     by_id: BTreeMap<ForwardId, Pending>,
     by_deadline: BTreeSet<(Millis, ForwardId)>,
+    /// Timed-out batches that consumed something, oldest id first.
+    late: BTreeMap<ForwardId, Pending>,
+    /// Checks held in `late`.
+    late_checks: usize,
 }
 
 /// What became of an answer to a forwarded batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Answer {
     /// From the owner, with one decision per check.
     Accepted,
     /// From the owner, but not one decision per check: decide the batch alone.
     Malformed,
-    /// Not waited for (already timed out, or from another node): ignored.
+    /// From the owner after the batch timed out (it was decided here): these refunds give
+    /// the owner back what it admitted.
+    Late(Vec<ForwardCheck>),
+    /// Not waited for (from another node, or forgotten): ignored.
     Unexpected,
+}
+
+/// The refund that gives back `c`, if `c` consumes and may be given back.
+fn give_back(c: &ForwardCheck) -> Option<ForwardCheck> {
+    (!c.refund && !c.dry_run && c.idempotency_key.is_none() && c.cost > 0).then(|| ForwardCheck {
+        rule: c.rule.clone(),
+        key: c.key.clone(),
+        cost: c.cost,
+        class: c.class.clone(),
+        dry_run: false,
+        idempotency_key: None,
+        refund: true,
+    })
 }
 
 impl PendingForwards {
     /// Records a batch of `checks` sent to `owner` now; returns its id.
-    pub(crate) fn open(&mut self, owner: NodeIdx, checks: usize, deadline: Millis) -> ForwardId {
+    pub(crate) fn open(
+        &mut self,
+        owner: NodeIdx,
+        checks: &[ForwardCheck],
+        deadline: Millis,
+    ) -> ForwardId {
         self.next_id += 1;
         let id = self.next_id;
+        let give_back = checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| give_back(c).map(|r| (i, r)))
+            .collect();
         self.by_id.insert(
             id,
             Pending {
                 owner,
-                checks,
+                checks: checks.len(),
                 deadline,
+                give_back,
             },
         );
         self.by_deadline.insert((deadline, id));
         id
     }
 
-    /// An answer from `from` to batch `id` with `decisions` answers.
-    pub(crate) fn answer(&mut self, from: NodeIdx, id: ForwardId, decisions: usize) -> Answer {
-        match self.by_id.get(&id) {
-            Some(p) if p.owner == from => {
-                let p = *p;
-                self.by_id.remove(&id);
-                self.by_deadline.remove(&(p.deadline, id));
-                if p.checks == decisions {
-                    Answer::Accepted
-                } else {
-                    Answer::Malformed
-                }
+    /// An answer from `from` to batch `id` whose decisions say, in order, whether each check
+    /// was admitted (`None`: not decided).
+    pub(crate) fn answer(
+        &mut self,
+        from: NodeIdx,
+        id: ForwardId,
+        admitted: impl ExactSizeIterator<Item = bool>,
+    ) -> Answer {
+        if let Some(p) = self.by_id.get(&id).filter(|p| p.owner == from) {
+            let deadline = p.deadline;
+            let checks = p.checks;
+            self.by_id.remove(&id);
+            self.by_deadline.remove(&(deadline, id));
+            return if checks == admitted.len() {
+                Answer::Accepted
+            } else {
+                Answer::Malformed
+            };
+        }
+        match self.late.get(&id) {
+            Some(p) if p.owner == from && p.checks == admitted.len() => {
+                let p = self.late.remove(&id).expect("just found");
+                self.late_checks -= p.give_back.len();
+                let admitted: Vec<bool> = admitted.collect();
+                Answer::Late(
+                    p.give_back
+                        .into_iter()
+                        .filter(|(i, _)| admitted[*i])
+                        .map(|(_, r)| r)
+                        .collect(),
+                )
             }
             _ => Answer::Unexpected,
         }
@@ -73,7 +142,8 @@ impl PendingForwards {
         self.by_deadline.first().map(|&(t, _)| t)
     }
 
-    /// Removes and returns the batches whose deadline has passed.
+    /// Removes and returns the batches whose deadline has passed, keeping what they consumed
+    /// for a late answer; forgets the timed-out batches older than [`LATE_GRACE_MS`].
     pub(crate) fn expire(&mut self, now: Millis) -> Vec<ForwardId> {
         let mut out = Vec::new();
         while let Some(&(t, id)) = self.by_deadline.first() {
@@ -81,9 +151,125 @@ impl PendingForwards {
                 break;
             }
             self.by_deadline.pop_first();
-            self.by_id.remove(&id);
+            if let Some(p) = self.by_id.remove(&id)
+                && !p.give_back.is_empty()
+            {
+                self.late_checks += p.give_back.len();
+                self.late.insert(id, p);
+            }
             out.push(id);
         }
+        while let Some((_, p)) = self.late.first_key_value() {
+            if self.late_checks <= LATE_MAX_CHECKS && p.deadline + LATE_GRACE_MS > now {
+                break;
+            }
+            let (_, p) = self.late.pop_first().expect("just seen");
+            self.late_checks -= p.give_back.len();
+        }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str, cost: u64) -> ForwardCheck {
+        ForwardCheck {
+            rule: "r".into(),
+            key: key.into(),
+            cost,
+            class: None,
+            dry_run: false,
+            idempotency_key: None,
+            refund: false,
+        }
+    }
+
+    const OWNER: NodeIdx = NodeIdx(1);
+
+    #[test]
+    fn an_answer_in_time_is_accepted_and_nothing_is_kept() {
+        let mut p = PendingForwards::default();
+        let id = p.open(OWNER, &[check("a", 1), check("b", 2)], 100);
+        assert_eq!(
+            p.answer(OWNER, id, [true, false].into_iter()),
+            Answer::Accepted
+        );
+        assert!(p.expire(1_000).is_empty());
+        assert_eq!(
+            p.answer(OWNER, id, [true, false].into_iter()),
+            Answer::Unexpected
+        );
+    }
+
+    #[test]
+    fn a_late_answer_gives_back_only_what_the_owner_admitted_and_only_once() {
+        let mut p = PendingForwards::default();
+        let mut dry = check("dry", 1);
+        dry.dry_run = true;
+        let mut retried = check("idem", 1);
+        retried.idempotency_key = Some("k".into());
+        let mut refund = check("refund", 4);
+        refund.refund = true;
+        let batch = [
+            check("a", 3),
+            check("b", 2),
+            dry,
+            retried,
+            refund,
+            check("c", 1),
+        ];
+        let id = p.open(OWNER, &batch, 100);
+        assert_eq!(p.expire(99), Vec::<ForwardId>::new());
+        assert_eq!(p.expire(100), vec![id]);
+        // From another node, or with the wrong count: ignored, and still kept.
+        let admitted = [true, false, true, true, true, true];
+        assert_eq!(
+            p.answer(NodeIdx(2), id, admitted.into_iter()),
+            Answer::Unexpected
+        );
+        assert_eq!(p.answer(OWNER, id, [true].into_iter()), Answer::Unexpected);
+        let Answer::Late(back) = p.answer(OWNER, id, admitted.into_iter()) else {
+            panic!("a late answer from the owner");
+        };
+        let back: Vec<(&str, u64, bool)> = back
+            .iter()
+            .map(|c| (c.key.as_str(), c.cost, c.refund))
+            .collect();
+        assert_eq!(back, [("a", 3, true), ("c", 1, true)]);
+        assert_eq!(
+            p.answer(OWNER, id, admitted.into_iter()),
+            Answer::Unexpected
+        );
+        assert_eq!(p.late_checks, 0);
+    }
+
+    #[test]
+    fn timed_out_batches_are_forgotten_after_the_grace_or_beyond_the_cap() {
+        let mut p = PendingForwards::default();
+        let old = p.open(OWNER, &[check("a", 1)], 100);
+        p.expire(100);
+        let newer = p.open(OWNER, &[check("b", 1)], 200);
+        p.expire(100 + LATE_GRACE_MS);
+        assert_eq!(p.answer(OWNER, old, [true].into_iter()), Answer::Unexpected);
+        assert!(matches!(
+            p.answer(OWNER, newer, [true].into_iter()),
+            Answer::Late(b) if b.len() == 1
+        ));
+        // Beyond the cap the oldest go first.
+        let ids: Vec<ForwardId> = (0..LATE_MAX_CHECKS + 2)
+            .map(|_| p.open(OWNER, &[check("x", 1)], 300))
+            .collect();
+        p.expire(300);
+        assert_eq!(p.late_checks, LATE_MAX_CHECKS);
+        assert_eq!(
+            p.answer(OWNER, ids[1], [true].into_iter()),
+            Answer::Unexpected
+        );
+        assert!(matches!(
+            p.answer(OWNER, ids[2], [true].into_iter()),
+            Answer::Late(_)
+        ));
     }
 }

@@ -7,7 +7,7 @@ use levee_cluster::{Cluster, ClusterConfig, DIGEST_BUCKETS, Event, KeyStates};
 use levee_core::crdt::Tally;
 use levee_core::{KeyCrdt, NodeIdx, ReplicaSet, ReplicaSpec, RuleSpec};
 use levee_proto::{
-    DeltaBatch, Digest, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES,
+    DeltaBatch, Digest, ForwardCheck, ForwardDecision, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES,
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES, Message, encode_id,
 };
 
@@ -217,6 +217,85 @@ fn an_oversized_forward_is_refused() {
         "{events:?}"
     );
     assert_eq!(node.cluster.refused() - before, 3);
+}
+
+fn admitted() -> ForwardDecision {
+    ForwardDecision {
+        allowed: true,
+        would_allow: true,
+        limit: 1_000,
+        remaining: 10,
+        reset_after_ms: 1_000,
+        retry_after_ms: 0,
+        degraded: false,
+    }
+}
+
+/// An owner's answer that comes after the batch timed out (decided alone here) has its
+/// admitted checks given back to the owner as refunds, once; a repeat of it, or an answer
+/// to a batch never sent, sends nothing.
+#[test]
+fn a_late_answer_gives_the_owners_admissions_back_once() {
+    let mut node = Node::new();
+    let batch = vec![check("a"), check("b"), check("c")];
+    let id = node.cluster.forward(PEER, batch, node.now);
+    node.drain();
+    node.now += 500;
+    node.cluster.handle_timeout(node.now, &mut node.store);
+    let events = node.drain();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ForwardFailed { id: f } if *f == id)),
+        "{events:?}"
+    );
+    let reply = |id| Message::ForwardReply {
+        id,
+        decisions: vec![Some(admitted()), None, Some(admitted())],
+    };
+    node.receive(reply(id));
+    let mut sent = Vec::new();
+    while let Some(out) = node.cluster.poll_transmit() {
+        sent.push(out);
+    }
+    let refunds: Vec<(&str, u64)> = sent
+        .iter()
+        .filter(|o| o.to == PEER)
+        .filter_map(|o| match &o.msg {
+            Message::Forward { checks, .. } => Some(checks),
+            _ => None,
+        })
+        .flatten()
+        .map(|c| {
+            assert!(
+                c.refund && !c.dry_run && c.idempotency_key.is_none(),
+                "{c:?}"
+            );
+            (c.key.as_str(), c.cost)
+        })
+        .collect();
+    assert_eq!(refunds, [("a", 1), ("c", 1)]);
+    assert_eq!(node.cluster.given_back_late(), 2);
+    assert!(
+        node.drain()
+            .iter()
+            .all(|e| !matches!(e, Event::ForwardAnswered { .. })),
+        "a late answer is not delivered as an answer"
+    );
+    // Again, and to a batch that never was: nothing more is sent.
+    node.receive(reply(id));
+    node.receive(reply(id + 1_000));
+    let mut again = Vec::new();
+    while let Some(out) = node.cluster.poll_transmit() {
+        again.push(out);
+    }
+    assert!(
+        again
+            .iter()
+            .all(|o| !matches!(o.msg, Message::Forward { .. })),
+        "{again:?}"
+    );
+    assert_eq!(node.cluster.given_back_late(), 2);
 }
 
 /// Item 13: a digest with more hashes than buckets, repeated or unsorted buckets, or

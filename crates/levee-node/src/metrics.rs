@@ -52,6 +52,10 @@ fn describe() {
         "Checks and refunds this node forwarded to their key's owner in its region."
     );
     describe_counter!(
+        "levee_forward_late_given_back_total",
+        "Checks a key's owner admitted after this node had stopped waiting for it and decided them itself: given back to the owner."
+    );
+    describe_counter!(
         "levee_degraded_decisions_total",
         "Decisions made under a conservative cap."
     );

@@ -111,6 +111,8 @@ pub struct Cluster {
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
     refused: u64,
+    /// Checks given back to their owners after late answers.
+    given_back_late: u64,
     /// Rights this node gave away by rebalancing (strict mode), in tokens.
     rights_given: u64,
     /// `cluster.local_first`: this node decides, as a region-mate of a key's owner, the
@@ -150,6 +152,7 @@ impl Cluster {
             pulled_from: None,
             last_pull: now,
             refused: 0,
+            given_back_late: 0,
             rights_given: 0,
             local_first: false,
             overrides: overrides::OverrideSync::default(),
@@ -454,6 +457,12 @@ impl Cluster {
         self.refused
     }
 
+    /// Checks given back to their owner so far because its answer came after the batch had
+    /// timed out and been decided here ([`crate::forward`]).
+    pub fn given_back_late(&self) -> u64 {
+        self.given_back_late
+    }
+
     /// Rights (tokens) this node has given to others by rebalancing so far (strict mode).
     pub fn rights_given(&self) -> u64 {
         self.rights_given
@@ -497,7 +506,7 @@ impl Cluster {
     /// [`Event::ForwardFailed`] after `forward_timeout`.
     pub fn forward(&mut self, owner: NodeIdx, checks: Vec<ForwardCheck>, now: Millis) -> ForwardId {
         let deadline = now + self.cfg.forward_timeout;
-        let id = self.forwards.open(owner, checks.len(), deadline);
+        let id = self.forwards.open(owner, &checks, deadline);
         if owner == self.cfg.me || usize::from(owner.0) >= self.cfg.replicas.len() {
             // Nobody to send it to: it fails at its deadline.
             return id;

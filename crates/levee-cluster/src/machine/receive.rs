@@ -171,13 +171,22 @@ impl Cluster {
                 self.receive_overrides(from, m, now, store);
             }
             Message::ForwardReply { id, decisions } => {
-                match self.forwards.answer(from, id, decisions.len()) {
+                let admitted = decisions.iter().map(|d| d.is_some_and(|d| d.allowed));
+                match self.forwards.answer(from, id, admitted) {
                     Answer::Accepted => self
                         .events
                         .push_back(Event::ForwardAnswered { id, decisions }),
                     Answer::Malformed => {
                         self.refused += 1;
                         self.events.push_back(Event::ForwardFailed { id });
+                    }
+                    Answer::Late(back) => {
+                        // Decided here already: what the owner admitted too goes back. The
+                        // refunds' own answer is waited for by nobody.
+                        if !back.is_empty() {
+                            self.given_back_late += back.len() as u64;
+                            self.forward(from, back, now);
+                        }
                     }
                     Answer::Unexpected => {}
                 }

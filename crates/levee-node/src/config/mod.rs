@@ -422,6 +422,17 @@ impl Config {
     }
 }
 
+/// A one-node cluster's configuration with `extra` lines in its `[cluster]` table (from line
+/// 6), parsed: for the tests of settings of that table.
+#[cfg(test)]
+pub(crate) fn one_node_cluster(extra: &str) -> Result<Config, ConfigError> {
+    let text = format!(
+        "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = {{ eu = 1 }}\n{extra}\
+         [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n"
+    );
+    Config::parse(&text, "t.toml")
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
@@ -642,15 +653,4 @@ mod tests {
         let e = Config::parse(text, "t.toml").unwrap_err();
         assert_eq!(e.field, "node.id");
     }
-}
-
-/// A one-node cluster's configuration with `extra` lines in its `[cluster]` table (from line
-/// 6), parsed: for the tests of settings of that table.
-#[cfg(test)]
-pub(crate) fn one_node_cluster(extra: &str) -> Result<Config, ConfigError> {
-    let text = format!(
-        "[node]\nid = \"eu-1\"\nregion = \"eu\"\n[cluster]\nregions = {{ eu = 1 }}\n{extra}\
-         [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n"
-    );
-    Config::parse(&text, "t.toml")
 }

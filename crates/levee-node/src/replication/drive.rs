@@ -41,13 +41,18 @@ pub(super) async fn run_timer<H: ClusterHost>(
                 let lists = c.lists();
                 metrics::gauge!("levee_membership_agreed").set(f64::from(u8::from(lists.agreed())));
                 metrics::gauge!("levee_membership_version").set(lists.current().len() as f64);
-                (c.peers_status(now), c.refused(), c.rights_given())
+                (
+                    c.peers_status(now),
+                    c.refused(),
+                    c.rights_given(),
+                    c.given_back_late(),
+                )
             });
             (out, events, peers)
         };
         repl.send_all(out);
         repl.dispatch(&host, events);
-        let Some((peers, refused, given)) = peers else {
+        let Some((peers, refused, given, given_back_late)) = peers else {
             continue;
         };
         next_status = now + 100;
@@ -55,6 +60,7 @@ pub(super) async fn run_timer<H: ClusterHost>(
         // the machine counts, this exports its running total.
         metrics::counter!("levee_replication_refused_total").absolute(refused);
         metrics::counter!("levee_rights_moved_total").absolute(given);
+        metrics::counter!("levee_forward_late_given_back_total").absolute(given_back_late);
         crate::activity::set_rights_moved(given);
         for p in peers {
             let peer = repl.id_of(p.node).to_owned();

@@ -216,29 +216,32 @@ impl<'p> Driver<'p> {
             if !node.up || node.frozen || node.incarnation != r.incarnation {
                 continue;
             }
-            let t = self.clock(r.node);
-            let view = node.cluster.view();
-            let name = &self.plan.keys[r.ask.key as usize];
-            let Some(back) = self.nodes[r.node]
-                .states
-                .refund(RULE, name, r.ask.cost, t, view)
-            else {
-                self.errors
-                    .push(format!("node {}: no refund for key {name}", r.node));
-                continue;
+            self.give_back(r.node, r.ask);
+        }
+    }
+
+    /// Gives `ask`'s tokens back at node `n` and records in the ledger what the core really
+    /// gave back.
+    fn give_back(&mut self, n: usize, ask: Ask) {
+        let t = self.clock(n);
+        let view = self.nodes[n].cluster.view();
+        let name = &self.plan.keys[ask.key as usize];
+        let Some(back) = self.nodes[n].states.refund(RULE, name, ask.cost, t, view) else {
+            self.errors
+                .push(format!("node {n}: no refund for key {name}"));
+            return;
+        };
+        let offset = self.nodes[n].offset;
+        for (epoch, tokens) in back {
+            let (window, sim) = if self.plan.algo == crate::plan::Algo::SlidingLog {
+                // A log gives back the admission it was: it counts at that millisecond.
+                let sim = (epoch as i64 - T0 as i64 - offset).max(0) as u64;
+                (self.plan.window_of(epoch), sim)
+            } else {
+                (epoch, self.now)
             };
-            let offset = self.nodes[r.node].offset;
-            for (epoch, tokens) in back {
-                let (window, sim) = if self.plan.algo == crate::plan::Algo::SlidingLog {
-                    // A log gives back the admission it was: it counts at that millisecond.
-                    let sim = (epoch as i64 - T0 as i64 - offset).max(0) as u64;
-                    (self.plan.window_of(epoch), sim)
-                } else {
-                    (epoch, self.now)
-                };
-                self.ledger
-                    .refund(r.ask.key, (window, sim), r.ask.region, r.node, tokens);
-            }
+            self.ledger
+                .refund(ask.key, (window, sim), ask.region, n, tokens);
         }
     }
 
@@ -285,6 +288,20 @@ impl<'p> Driver<'p> {
                 .copied()
                 .filter(|_| checks.len() == 1);
             let decision = match self.key_index.get(c.key.as_str()) {
+                Some(&key) if c.refund => {
+                    // Only a forwarder's late-answer give-back is forwarded as a refund here
+                    // (the simulator's callers refund where they were admitted).
+                    let ask = Ask {
+                        region,
+                        key,
+                        cost: c.cost,
+                        class: 0,
+                        refund_ms: 0,
+                    };
+                    self.give_back(n, ask);
+                    // Its forwarder waits for no answer.
+                    None
+                }
                 Some(&key) => {
                     let ask = ask.unwrap_or(Ask {
                         region,
