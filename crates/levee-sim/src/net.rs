@@ -40,9 +40,15 @@ struct Carried<P> {
     payload: P,
 }
 
+/// QUIC's default `max_ack_delay` (quinn's too): part of a retransmission's delay.
+const QUIC_MAX_ACK_DELAY_MS: u64 = 25;
+
 /// The network of one run.
 pub struct SimNet<P> {
     net: Net<Carried<P>>,
+    /// The regions' base one-way latencies, and each endpoint's region.
+    one_way_ms: Vec<Vec<u64>>,
+    region_of: Vec<usize>,
     /// The endpoints of every region.
     members: Vec<Vec<usize>>,
     region_cut: Vec<Vec<bool>>,
@@ -75,6 +81,8 @@ impl<P: Clone> SimNet<P> {
         }
         SimNet {
             net,
+            one_way_ms: topology.one_way_ms.clone(),
+            region_of,
             members,
             region_cut: vec![vec![false; r]; r],
             stats: NetStats::default(),
@@ -108,12 +116,45 @@ impl<P: Clone> SimNet<P> {
     /// Puts a message on the wire at `now`, unless the link is cut or the message is lost;
     /// sometimes twice.
     pub fn send(&mut self, now: u64, from: usize, to: usize, incarnation: u32, payload: P) {
+        self.put(now, from, to, incarnation, payload, false);
+    }
+
+    /// [`SimNet::send`] for a message whose loss production's transport repairs (it travels
+    /// on a QUIC stream): lost at random, it arrives one retransmission timeout late instead
+    /// (QUIC's probe timeout for a first loss: about 3 round trips of the link plus the
+    /// peer's 25 ms acknowledgement delay), and it is never duplicated. A cut still drops it.
+    pub fn send_reliable(
+        &mut self,
+        now: u64,
+        from: usize,
+        to: usize,
+        incarnation: u32,
+        payload: P,
+    ) {
+        self.put(now, from, to, incarnation, payload, true);
+    }
+
+    fn put(
+        &mut self,
+        now: u64,
+        from: usize,
+        to: usize,
+        incarnation: u32,
+        payload: P,
+        reliable: bool,
+    ) {
         self.net.advance_to(now);
         let carried = Carried {
             incarnation,
             payload,
         };
-        self.net.send(from, to, carried);
+        if reliable {
+            let rtt = 2 * self.one_way_ms[self.region_of[from]][self.region_of[to]];
+            self.net
+                .send_reliable(from, to, carried, 3 * rtt + QUIC_MAX_ACK_DELAY_MS);
+        } else {
+            self.net.send(from, to, carried);
+        }
         self.stats = self.net.stats();
     }
 

@@ -90,8 +90,9 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
         if let Some(n) = run.net {
             let _ = writeln!(
                 s,
-                "network: {} sent, {} delivered, {} lost, {} cut, {} duplicated",
-                n.sent, n.delivered, n.lost, n.cut, n.duplicated
+                "network: {} sent, {} delivered, {} lost, {} cut, {} duplicated, {} forwards \
+                 retransmitted",
+                n.sent, n.delivered, n.lost, n.cut, n.duplicated, n.retransmitted
             );
         }
         for &(k, at, tokens) in &run.ledger.forgotten {

@@ -106,6 +106,9 @@ pub struct NetStats {
     pub cut: u64,
     /// Put on the wire twice.
     pub duplicated: u64,
+    /// Sent by [`Net::send_reliable`] and lost at random: delivered late, as a
+    /// retransmission, instead of dropped (not counted in `lost`).
+    pub retransmitted: u64,
     /// Handed out by [`Net::pop_due`].
     pub delivered: u64,
 }
@@ -297,20 +300,51 @@ impl<M> Net<M> {
     where
         M: Clone,
     {
+        self.put(from, to, msg, None)
+    }
+
+    /// [`Net::send`] for a message that travels on a reliable stream (QUIC's): where the
+    /// loss condition would drop it, it arrives `retransmit_ms` after the link's base latency
+    /// instead, as a retransmission would bring it. A cut, or a link's `drop` fault, still
+    /// drops it (the connection is gone, or could not be kept). Draws from the generator exactly what [`Net::send`] draws, so a run that sends
+    /// some messages this way stays the same run in every other respect.
+    pub fn send_reliable(&mut self, from: usize, to: usize, msg: M, retransmit_ms: u64) -> bool
+    where
+        M: Clone,
+    {
+        self.put(from, to, msg, Some(retransmit_ms))
+    }
+
+    fn put(&mut self, from: usize, to: usize, msg: M, retransmit_ms: Option<u64>) -> bool
+    where
+        M: Clone,
+    {
         let l = self.link(from, to);
         self.stats.sent += 1;
         if self.cut[l] {
             self.stats.cut += 1;
             return false;
         }
-        if self.rng.chance(self.loss) || self.rng.chance(self.drop[l]) {
+        // The same draws either way: a link's drop fault is drawn only when the loss
+        // condition did not fire.
+        let lost = self.rng.chance(self.loss);
+        if let (true, Some(ms)) = (lost, retransmit_ms) {
+            self.stats.retransmitted += 1;
+            let at = self.now + self.latency[l].base_ms + ms;
+            self.push(at, from, to, msg);
+            return true;
+        }
+        if lost || self.rng.chance(self.drop[l]) {
             self.stats.lost += 1;
             return false;
         }
         if self.rng.chance(self.duplicate) {
-            self.stats.duplicated += 1;
+            // A reliable stream delivers once: the copy's delay is drawn all the same.
             let at = self.now + self.draw_delay(l);
-            self.push(at, from, to, msg.clone());
+            if retransmit_ms.is_none() {
+                self.stats.duplicated += 1;
+                self.push(at, from, to, msg.clone());
+            }
         }
         let at = self.now + self.draw_delay(l);
         self.push(at, from, to, msg);
@@ -436,6 +470,53 @@ mod tests {
         net.send(0, 1, "after the mend");
         net.advance(10);
         assert_eq!(drain(&mut net), ["after the mend"]);
+    }
+
+    /// What the loss condition drops, `send_reliable` delivers a retransmission later, and
+    /// it never duplicates; a cut still drops. The generator is drawn as by `send`, so the
+    /// messages sent after are treated alike on both networks.
+    #[test]
+    fn a_reliable_message_is_retransmitted_not_lost_and_draws_as_send_does() {
+        let (mut plain, mut reliable) = (net(2, 10), net(2, 10));
+        for n in [&mut plain, &mut reliable] {
+            n.set_loss(0.3);
+            n.set_duplicate(0.2);
+        }
+        for i in 0..200 {
+            plain.send(0, 1, "m");
+            reliable.send_reliable(0, 1, "m", 40);
+            if i % 2 == 0 {
+                plain.send(1, 0, "after");
+                reliable.send(1, 0, "after");
+            }
+            plain.advance(1);
+            reliable.advance(1);
+        }
+        plain.advance(100);
+        reliable.advance(100);
+        let (p, r) = (plain.stats(), reliable.stats());
+        assert!(p.lost > 0 && p.duplicated > 0, "{p:?}");
+        let lost_plain_m = p.lost - r.lost;
+        assert_eq!(r.retransmitted, lost_plain_m, "{p:?} {r:?}");
+        let (mut late, mut on_time) = (0, 0);
+        let mut after = (Vec::new(), Vec::new());
+        while let Some(m) = reliable.pop_due() {
+            match (m.msg, m.at - m.sent) {
+                ("m", 50) => late += 1,
+                ("m", _) => on_time += 1,
+                (_, _) => after.1.push((m.sent, m.at)),
+            }
+        }
+        while let Some(m) = plain.pop_due() {
+            if m.msg == "after" {
+                after.0.push((m.sent, m.at));
+            }
+        }
+        assert_eq!(late, r.retransmitted);
+        assert_eq!(late + on_time, 200, "every reliable message once");
+        assert_eq!(after.0, after.1, "the other messages fare alike");
+        reliable.cut(0, 1);
+        assert!(!reliable.send_reliable(0, 1, "m", 40));
     }
 
     #[test]

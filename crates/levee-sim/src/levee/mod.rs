@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use levee_cluster::{Cluster, ClusterConfig, Event, ForwardId, Route};
 use levee_core::Decision;
 use levee_core::{KeyCrdt, Lattice, NodeIdx, ReplicaSet, Rule, RuleSpec};
-use levee_proto::{ForwardCheck, ForwardDecision, decode_frame, encode_frame};
+use levee_proto::{ForwardCheck, ForwardDecision, Message, decode_frame, encode_frame};
 use levee_testkit::rng::SeededRng;
 
 use crate::heal::{HealFigure, HealWatch};

@@ -135,7 +135,16 @@ impl<'p> Driver<'p> {
             match encode_frame(&out.msg) {
                 Ok(frame) => {
                     let inc = self.nodes[to].incarnation;
-                    self.net.send(self.now, n, to, inc, frame);
+                    // Forwards have no repair of their own but the timeout: they rely on the
+                    // transport's stream, which loses nothing while the connection lives.
+                    if matches!(
+                        out.msg,
+                        Message::Forward { .. } | Message::ForwardReply { .. }
+                    ) {
+                        self.net.send_reliable(self.now, n, to, inc, frame);
+                    } else {
+                        self.net.send(self.now, n, to, inc, frame);
+                    }
                 }
                 Err(e) => self.errors.push(format!("node {n}: encode failed: {e}")),
             }
