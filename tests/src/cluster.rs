@@ -904,7 +904,8 @@ impl Cluster {
             last = nodes.iter().map(|&i| self.view(i, rule, key)).collect();
             last.windows(2).all(|w| w[0] == w[1]) && last[0].as_ref().is_some_and(&accept)
         });
-        match last.swap_remove(0) {
+        // The error lists every node's view: take the first without removing it.
+        match last.first().cloned().flatten() {
             Some(view) if agreed => Ok(view),
             _ => Err(format!(
                 "{rule}/{key}: the nodes {:?} do not agree on an acceptable view within \
