@@ -68,6 +68,9 @@ pub(crate) struct PeerLink {
     pub(crate) missed_since: Option<Millis>,
     /// When its last [`Message::Missed`] was answered.
     pub(crate) missed_answered: Millis,
+    /// We told it we missed its batches since `.0`: the ask is repeated once at `.1`, in
+    /// case it was lost (nothing says whether its answer came: it is ordinary batches).
+    pub(crate) missed_reask: Option<(Millis, Millis)>,
     /// Times its batches were found missing here and asked for again.
     pub(crate) missed_asks: u64,
     /// Keys queued for it by anti-entropy repairs (a digest that differs, a bucket request).
@@ -168,6 +171,7 @@ impl Default for PeerLink {
             last_keys_ms: 0,
             missed_since: None,
             missed_answered: 0,
+            missed_reask: None,
             missed_asks: 0,
             repaired_keys: 0,
             told_removed: 0,

@@ -454,3 +454,47 @@ fn asks_for_missed_batches_are_answered_at_most_once_per_interval() {
         assert_eq!(keys_sent_to_peer(&mut node), 0, "since {since}");
     }
 }
+
+/// The `Missed` a node sends when a peer's batch chain has a gap is sent again, once, half
+/// `suspect_after` later (the ask can be lost like the batches it asks for, and nothing tells
+/// whether its answer, ordinary batches, came), with the earliest time asked.
+#[test]
+fn an_ask_for_missed_batches_is_repeated_once() {
+    let mut node = Node::new();
+    let from_peer = |sent_at_ms, prev_ms| {
+        Message::Deltas(DeltaBatch {
+            sent_at_ms,
+            ack_ms: 0,
+            prev_ms,
+            keys: Vec::new(),
+        })
+    };
+    let asks = |node: &mut Node| -> Vec<u64> {
+        std::iter::from_fn(|| node.cluster.poll_transmit())
+            .filter(|o| o.to == PEER)
+            .filter_map(|o| match o.msg {
+                Message::Missed { since_ms } => Some(since_ms),
+                _ => None,
+            })
+            .collect()
+    };
+    node.receive(from_peer(T0 + 100, T0));
+    node.drain();
+    // The batch of T0 + 120 did not arrive: asked for at once.
+    node.receive(from_peer(T0 + 140, T0 + 120));
+    assert_eq!(asks(&mut node), [T0 + 100]);
+    // Nothing more before half suspect_after (150 ms) has passed, however many intervals end.
+    for _ in 0..7 {
+        node.now += 20;
+        node.cluster.handle_timeout(node.now, &mut node.store);
+        assert!(asks(&mut node).is_empty());
+    }
+    node.now += 20;
+    node.cluster.handle_timeout(node.now, &mut node.store);
+    assert_eq!(asks(&mut node), [T0 + 100], "asked again");
+    for _ in 0..20 {
+        node.now += 20;
+        node.cluster.handle_timeout(node.now, &mut node.store);
+        assert!(asks(&mut node).is_empty(), "only once");
+    }
+}

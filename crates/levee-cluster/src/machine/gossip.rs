@@ -89,6 +89,7 @@ impl Cluster {
         self.remember_sent(&sent_ids, now);
         for &p in &peers {
             self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
+            self.reask_missed(p, now);
             self.answer_missed(p, now);
             self.pump(p, now, store);
         }

@@ -43,12 +43,15 @@ impl Cluster {
             self.send_list(from, now);
         }
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &msg {
+            let reask_at = now + self.pull_retry();
             let p = &mut self.peer[i];
             p.clock.sample(b.sent_at_ms, b.ack_ms, now);
             if let Some(since_ms) = p.chain(b) {
                 // Batches it sent after `since_ms` did not arrive: ask for their keys again
                 // rather than wait for anti-entropy.
                 p.missed_asks += 1;
+                let since = p.missed_reask.map_or(since_ms, |(s, _)| s.min(since_ms));
+                p.missed_reask = Some((since, reask_at));
                 self.send(from, Message::Missed { since_ms }, now);
             }
             // An ack from the future (our clock stepped back at a restart) says nothing.
@@ -204,6 +207,20 @@ impl Cluster {
         }
         self.recent
             .since(since.saturating_sub(2 * self.cfg.gossip_interval))
+    }
+
+    /// Repeats, once, an ask for batches of `to`'s that did not arrive
+    /// ([`Message::Missed`]), `pull_retry` after it was first sent: the ask itself can be
+    /// lost, and then only anti-entropy would bring what it asked for — for a short window,
+    /// after the window's slot has left every node's retention, so never.
+    pub(super) fn reask_missed(&mut self, to: NodeIdx, now: Millis) {
+        let p = &mut self.peer[usize::from(to.0)];
+        if let Some((since_ms, due)) = p.missed_reask
+            && now >= due
+        {
+            p.missed_reask = None;
+            self.send(to, Message::Missed { since_ms }, now);
+        }
     }
 
     /// Queues for `from` the keys sent since it said it missed our batches
