@@ -72,15 +72,14 @@ fn skewed_demand_admits_at_least_97_percent_of_a_central_counter_from_the_third_
         });
     }
     let windows = 8;
-    let start = next_window_start(SECOND_MS);
-    let samples = run_load(&c, rule, key, &demand, start, windows * SECOND_MS);
-    let a = account(&samples, SECOND_MS);
-    let first = start / SECOND_MS;
-    eprintln!(
-        "90/5/5 at twice the limit of {PER_SECOND_LIMIT}:\n{}",
-        a.table(first, windows, PER_SECOND_LIMIT)
+    let (samples, a, first) = run_windows(
+        &c,
+        rule,
+        key,
+        &demand,
+        windows,
+        &format!("90/5/5 at twice the limit of {PER_SECOND_LIMIT}"),
     );
-    a.assert_clean();
     // Each region's part of the load, for the message of a failing window.
     let by_region_tables = || {
         REGIONS

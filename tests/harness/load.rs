@@ -320,15 +320,14 @@ pub(crate) fn overload_every_node(
             }; 2]
         })
         .collect();
-    let start = next_window_start(SECOND_MS);
-    let samples = run_load(c, rule, key, &demand, start, windows * SECOND_MS);
-    let a = account(&samples, SECOND_MS);
-    let first = start / SECOND_MS;
-    eprintln!(
-        "{what}, limit {PER_SECOND_LIMIT} per window:\n{}",
-        a.table(first, windows, PER_SECOND_LIMIT)
+    let (samples, a, first) = run_windows(
+        c,
+        rule,
+        key,
+        &demand,
+        windows,
+        &format!("{what}, limit {PER_SECOND_LIMIT} per window"),
     );
-    a.assert_clean();
     a.assert_within(first, windows, PER_SECOND_LIMIT, "");
     for w in first..first + windows {
         let t = a.tally(w);
@@ -338,6 +337,26 @@ pub(crate) fn overload_every_node(
         );
     }
     samples
+}
+
+/// `demand` on `rule`/`key` for `windows` one-second windows from the next window's start:
+/// prints the windows' table under `what` and asserts every check was answered and
+/// attributed. Returns the samples, their accounting and the first window.
+pub(crate) fn run_windows(
+    c: &LocalClusterHandle,
+    rule: &str,
+    key: &str,
+    demand: &[Demand],
+    windows: u64,
+    what: &str,
+) -> (Vec<Sample>, Accounting, u64) {
+    let start = next_window_start(SECOND_MS);
+    let samples = run_load(c, rule, key, demand, start, windows * SECOND_MS);
+    let a = account(&samples, SECOND_MS);
+    let first = start / SECOND_MS;
+    eprintln!("{what}:\n{}", a.table(first, windows, PER_SECOND_LIMIT));
+    a.assert_clean();
+    (samples, a, first)
 }
 
 /// One stream of `per_second` checks at each node of `nodes`: their URLs and demand.

@@ -116,25 +116,15 @@ impl<P: Clone> SimNet<P> {
     /// Puts a message on the wire at `now`, unless the link is cut or the message is lost;
     /// sometimes twice.
     pub fn send(&mut self, now: u64, from: usize, to: usize, incarnation: u32, payload: P) {
-        self.put(now, from, to, incarnation, payload, false);
+        self.send_on(now, from, to, incarnation, payload, false);
     }
 
-    /// [`SimNet::send`] for a message whose loss production's transport repairs (it travels
-    /// on a QUIC stream): lost at random, it arrives one retransmission timeout late instead
-    /// (QUIC's probe timeout for a first loss: about 3 round trips of the link plus the
-    /// peer's 25 ms acknowledgement delay), and it is never duplicated. A cut still drops it.
-    pub fn send_reliable(
-        &mut self,
-        now: u64,
-        from: usize,
-        to: usize,
-        incarnation: u32,
-        payload: P,
-    ) {
-        self.put(now, from, to, incarnation, payload, true);
-    }
-
-    fn put(
+    /// [`SimNet::send`]; a `reliable` message is one whose loss production's transport
+    /// repairs (it travels on a QUIC stream): lost at random, it arrives one retransmission
+    /// timeout late instead (QUIC's probe timeout for a first loss: about 3 round trips of
+    /// the link plus the peer's 25 ms acknowledgement delay), and it is never duplicated; a
+    /// cut still drops it.
+    pub fn send_on(
         &mut self,
         now: u64,
         from: usize,

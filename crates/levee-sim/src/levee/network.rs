@@ -137,14 +137,11 @@ impl<'p> Driver<'p> {
                     let inc = self.nodes[to].incarnation;
                     // Forwards have no repair of their own but the timeout: they rely on the
                     // transport's stream, which loses nothing while the connection lives.
-                    if matches!(
+                    let reliable = matches!(
                         out.msg,
                         Message::Forward { .. } | Message::ForwardReply { .. }
-                    ) {
-                        self.net.send_reliable(self.now, n, to, inc, frame);
-                    } else {
-                        self.net.send(self.now, n, to, inc, frame);
-                    }
+                    );
+                    self.net.send_on(self.now, n, to, inc, frame, reliable);
                 }
                 Err(e) => self.errors.push(format!("node {n}: encode failed: {e}")),
             }

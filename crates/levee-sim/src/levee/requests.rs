@@ -287,32 +287,26 @@ impl<'p> Driver<'p> {
                 .get(&(usize::from(from.0), id))
                 .copied()
                 .filter(|_| checks.len() == 1);
-            let decision = match self.key_index.get(c.key.as_str()) {
-                Some(&key) if c.refund => {
-                    // Only a forwarder's late-answer give-back is forwarded as a refund here
-                    // (the simulator's callers refund where they were admitted).
-                    let ask = Ask {
-                        region,
-                        key,
-                        cost: c.cost,
-                        class: 0,
-                        refund_ms: 0,
-                    };
-                    self.give_back(n, ask);
-                    // Its forwarder waits for no answer.
-                    None
-                }
-                Some(&key) => {
-                    let ask = ask.unwrap_or(Ask {
-                        region,
-                        key,
-                        cost: c.cost,
-                        class: 0,
-                        refund_ms: 0,
-                    });
-                    self.decide(n, ask, false)
-                }
-                None => None,
+            let Some(&key) = self.key_index.get(c.key.as_str()) else {
+                decisions.push(None);
+                continue;
+            };
+            // The check as the owner sees it, when the forwarder kept no ask of its own.
+            let plain = Ask {
+                region,
+                key,
+                cost: c.cost,
+                class: 0,
+                refund_ms: 0,
+            };
+            let decision = if c.refund {
+                // Only a forwarder's late-answer give-back is forwarded as a refund here (the
+                // simulator's callers refund where they were admitted); nobody waits for its
+                // answer.
+                self.give_back(n, plain);
+                None
+            } else {
+                self.decide(n, ask.unwrap_or(plain), false)
             };
             decisions.push(decision.map(answer));
         }
