@@ -101,3 +101,41 @@ fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
     let all = [eu1, eu2, us1, us2];
     c.wait_agreement(&all, rule, key, READY_TIMEOUT, |v| v.used == DAILY_LIMIT);
 }
+
+/// eu-2 owns a day-quota key and has gathered its region's rights of it when it is killed
+/// (`kill -9`) and then removed from the list: eu-1, its region-mate, takes over what eu-2
+/// held and did not use (`Rule::bequests`), so the cluster still admits exactly the day's
+/// limit. Without that, eu-2's unspent rights would stay out of service until eu-1's grown
+/// share applied, the day after next (docs/membership.md).
+#[test]
+fn rights_a_crashed_owner_held_of_a_day_quota_serve_its_region_once_it_is_removed() {
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let rule = "daily";
+    const BEFORE: u64 = 50;
+    let key = c.day_key_held_by_eu2("removed-owner", BEFORE);
+    let key = key.as_str();
+    let live = [eu1, us1, us2];
+    c.wait_agreement(&live, rule, key, READY_TIMEOUT, |v| v.used == BEFORE);
+
+    c.kill9(eu2);
+    let down = Instant::now();
+    let removed = [(eu1, false), (eu2, true), (us1, false), (us2, false)];
+    c.change_list(&removed, &live, true);
+    c.wait_agreed(&live);
+    let removed_after = down.elapsed();
+    let after = admit_until_spent(&c, &live, rule, key, DAILY_LIMIT, Duration::from_secs(20));
+    eprintln!(
+        "admitted {BEFORE} before eu-2 was killed; it was removed {removed_after:?} later; then {after} (limit {DAILY_LIMIT}, {} stranded)",
+        i128::from(DAILY_LIMIT) - i128::from(BEFORE + after)
+    );
+    for i in live {
+        eprintln!("{}: {}", c.id(i), c.usage(i, rule, key));
+    }
+    assert_eq!(
+        BEFORE + after,
+        DAILY_LIMIT,
+        "{BEFORE} before eu-2 was killed, {after} after its removal"
+    );
+    c.wait_agreement(&live, rule, key, READY_TIMEOUT, |v| v.used == DAILY_LIMIT);
+}

@@ -27,6 +27,11 @@ pub enum Event {
     /// events must be seen to grow, so that the growth waits
     /// (`levee_core::Rule::bind_no_higher`).
     SharesChanged(levee_core::ReplicaSet),
+    /// This node has merged every peer's whole state since these nodes were removed
+    /// (`machine/heirs.rs`): what it takes over of their rights may count now
+    /// (`levee_core::Rule::settle_bequests`). Only theirs: a node removed since has a pull of
+    /// its own under way.
+    BequestsSettled(Vec<NodeIdx>),
     /// What decisions should assume about the cluster changed; the driver hands the new view
     /// to its decision path. Reported at most once per `handle_*` call.
     ViewChanged(ClusterView),

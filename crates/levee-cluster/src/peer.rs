@@ -79,6 +79,8 @@ pub(crate) struct PeerLink {
     pub(crate) deferred: bool,
     /// Its answer to our pull arrived whole.
     pub(crate) pull_done: bool,
+    /// Its answer to our pull after a removal arrived whole (`machine/heirs.rs`).
+    pub(crate) heir_pulled: bool,
     /// Full states waiting to be sent to it, paced by `budget`. Each key is in it at most
     /// once as a [`Queued::State`] (see `queued`) and at most once as a
     /// [`Queued::PullAnswer`] (one answer to a pull at a time): however often the peer asks
@@ -178,6 +180,7 @@ impl Default for PeerLink {
             clock: ClockEstimate::default(),
             deferred: false,
             pull_done: false,
+            heir_pulled: false,
             queue: VecDeque::new(),
             queued: HashSet::new(),
             pull_queued: false,

@@ -76,8 +76,9 @@ fn forecast_matters(
         return true;
     }
     let algo = *target.algorithm;
-    let base = target.static_share(me, replicas);
+    let share = target.static_share(me, replicas);
     scopes(&algo, now).into_iter().any(|scope| {
+        let base = share.saturating_add(scope.inherited(crdt, target, &algo, me));
         let held = matrix(crdt, scope).map_or(base, |m| holdings(base, m, me));
         let need = |f| need_of(crdt, &algo, me, f, scope, now, HORIZON_MS);
         need(old).max(need(new)).saturating_mul(2) > held

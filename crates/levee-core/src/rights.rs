@@ -5,7 +5,7 @@
 //! read rights and levels the same way; this module is the one place that says how. It knows
 //! the CRDT's types but nothing of a key's private bookkeeping.
 
-use crate::crdt::{BucketReg, KeyCrdt, TransferMatrix};
+use crate::crdt::{BucketReg, EpochSlot, KeyCrdt, TransferMatrix};
 use crate::replica::{NodeIdx, ReplicaSet};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
@@ -20,6 +20,33 @@ pub(crate) fn holdings(base: u64, transfers: &TransferMatrix, node: NodeIdx) -> 
         return base;
     }
     (i128::from(base) + transfers.net(node)).clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// Rights `node` takes over in an epoch (starting at `start`, its `slot` if the key has
+/// one) as the heir of removed nodes ([`crate::rule::Bequest`]); 0 for most nodes and rules.
+#[inline]
+pub(crate) fn inherited(
+    target: &Target<'_>,
+    slot: Option<&EpochSlot>,
+    node: NodeIdx,
+    start: Millis,
+) -> u64 {
+    if target.bequests.is_empty() {
+        return 0;
+    }
+    let empty = TransferMatrix::default();
+    let transfers = slot.map_or(&empty, |s| &s.transfers);
+    target
+        .bequests
+        .iter()
+        .filter(|b| b.heir == node)
+        .map(|b| {
+            let used = slot
+                .and_then(|s| s.tallies.get(b.from))
+                .map_or(0, |t| t.net());
+            b.left(start, transfers, used)
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 /// A sub-bucket's level at `now`: the register's level plus refill at the node's rate,

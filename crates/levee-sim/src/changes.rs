@@ -261,7 +261,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
                 c.add(&mut rng, later);
             }
         }
-        Scenario::RemoveDead => c.remove_dead(&mut rng, t),
+        Scenario::RemoveDead | Scenario::RemoveDeadDay => c.remove_dead(&mut rng, t),
         Scenario::Leave => c.leave_remove(&mut rng, t),
         Scenario::Reweight => c.reweight(&mut rng, t),
         Scenario::FrozenRemoved => c.freeze_remove(&mut rng, t, true, protocol.suspect_after),
@@ -301,7 +301,7 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
     let mut demand_rng = SeededRng::stream(seed, "demand");
     let (keys, requests) =
         workload::generate(&demand, &mut demand_rng, regions, limit, duration_ms);
-    RunPlan {
+    let mut plan = RunPlan {
         seed,
         scenario,
         topology,
@@ -320,7 +320,11 @@ pub fn plan(scenario: Scenario, seed: u64) -> RunPlan {
         max_wait_ms: 0,
         algo: crate::plan::Algo::FixedWindow,
         mixed: false,
+    };
+    if scenario == Scenario::RemoveDeadDay {
+        plan.set_algo(crate::plan::Algo::QuotaDay);
     }
+    plan
 }
 
 #[cfg(test)]

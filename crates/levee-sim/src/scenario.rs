@@ -55,6 +55,10 @@ pub enum Scenario {
     Grow,
     /// A node crashes and is then removed from the list.
     RemoveDead,
+    /// As [`Scenario::RemoveDead`], on a day's quota (half the tokens the limit allows over
+    /// the run, as the algorithms set's): what the dead node held of the day serves its
+    /// region-mates once it is removed (`levee_core::rule::Bequest`), or is stranded.
+    RemoveDeadDay,
     /// The weights of a region's nodes change.
     Reweight,
     /// A node stops processing (`SIGSTOP`) long enough to be seen unreachable, is removed
@@ -130,9 +134,10 @@ impl Scenario {
     /// removed node their list only when they heard it again after it was unreachable), and a
     /// new node whose pull was answered before it heard any list (a frame overtaken) was
     /// synced with its full share under the new list.
-    pub const MEMBERSHIP: [Scenario; 8] = [
+    pub const MEMBERSHIP: [Scenario; 9] = [
         Scenario::Grow,
         Scenario::RemoveDead,
+        Scenario::RemoveDeadDay,
         Scenario::Reweight,
         Scenario::FrozenRemoved,
         Scenario::Churn,
@@ -185,6 +190,7 @@ impl Scenario {
             Scenario::LightKeys => "light-keys",
             Scenario::Grow => "grow",
             Scenario::RemoveDead => "remove-dead",
+            Scenario::RemoveDeadDay => "remove-dead-day",
             Scenario::Reweight => "reweight",
             Scenario::FrozenRemoved => "frozen-removed",
             Scenario::RemovedAlive => "removed-alive",

@@ -81,6 +81,7 @@ impl Cluster {
                 self.send(peer, Message::PullRequest, now);
             }
         }
+        self.heir_pull_step(now);
         if self.synced {
             self.rebalance(now, store);
         }

@@ -16,6 +16,7 @@ use crate::routing::{Route, Router, Routes};
 use crate::store::KeyStates;
 
 mod gossip;
+mod heirs;
 mod overrides;
 mod receive;
 mod topology;
@@ -110,6 +111,8 @@ pub struct Cluster {
     pulled_from: Option<(NodeIdx, Millis)>,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
+    /// The pull of every peer's state after a removal, under way (`heirs.rs`).
+    heir_pull: Option<heirs::HeirPull>,
     refused: u64,
     /// Checks given back to their owners after late answers.
     given_back_late: u64,
@@ -151,6 +154,7 @@ impl Cluster {
             synced: n == 1,
             pulled_from: None,
             last_pull: now,
+            heir_pull: None,
             refused: 0,
             given_back_late: 0,
             rights_given: 0,
@@ -219,7 +223,7 @@ impl Cluster {
         let n = self.lists.current().len();
         self.membership.grow(n);
         self.peer.resize(n, crate::peer::PeerLink::default());
-        self.cfg.replicas = self.lists.spending();
+        let spent_by = std::mem::replace(&mut self.cfg.replicas, self.lists.spending());
         self.rebuild_rings();
         // Every position, removed ones included: a node removed while it runs must hear it.
         let me = self.cfg.me;
@@ -235,6 +239,7 @@ impl Cluster {
         self.next_membership = now + self.cfg.anti_entropy_interval;
         self.events
             .push_back(Event::SharesChanged(self.cfg.replicas.clone()));
+        self.pull_after_removals(&spent_by, now);
         self.report_view();
         Ok(())
     }
@@ -373,9 +378,10 @@ impl Cluster {
             }
             let spending = self.lists.spending();
             if spending != self.cfg.replicas {
-                self.cfg.replicas = spending;
+                let before = std::mem::replace(&mut self.cfg.replicas, spending);
                 self.events
                     .push_back(Event::SharesChanged(self.cfg.replicas.clone()));
+                self.pull_after_removals(&before, now);
             }
         }
     }

@@ -116,6 +116,8 @@ impl Cluster {
                     self.peer[i].pull_done = true;
                     self.pulled_from.get_or_insert((from, now));
                     self.sync_if_listed(now);
+                } else if done {
+                    self.heir_pull_answered(from);
                 }
             }
             // While the peer has a backlog from us, buckets differ because of what is still

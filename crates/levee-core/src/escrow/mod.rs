@@ -185,6 +185,7 @@ pub(crate) fn unspent(
         .into_iter()
         .map(|scope| {
             let matrix = matrix(crdt, scope).cloned().unwrap_or_default();
+            let base = base.saturating_add(scope.inherited(crdt, target, &algo, me));
             let held = holdings(base, &matrix, me);
             held.saturating_sub(need_of(crdt, &algo, me, 0, scope, now, HORIZON_MS))
         })
@@ -226,7 +227,16 @@ fn rebalance_scope(
     // forecast's later ones, as at a central counter). A node with nothing spare gives
     // nothing: known before anything is read of the others (most keys, at a node that gave
     // its share to their owner).
-    let my_held = holdings(split.get(mi).copied().unwrap_or(0), matrix, me);
+    // A node's static share, and what it takes over of removed nodes as their heir: the
+    // base its transfers add to and take from (it may give inherited rights on).
+    let base_of = |node: NodeIdx| {
+        split
+            .get(usize::from(node.0))
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(scope.inherited(crdt, target, algo, node))
+    };
+    let my_held = holdings(base_of(me), matrix, me);
     let horizon = if long { PRESS_MS } else { HORIZON_MS };
     if my_held <= need_of(crdt, algo, me, forecast, scope, ctx.now, horizon) {
         return;
@@ -239,7 +249,7 @@ fn rebalance_scope(
     let mut received_seen = vec![0u64; n];
     for node in replicas.nodes() {
         let i = usize::from(node.0);
-        held[i] = holdings(split.get(i).copied().unwrap_or(0), matrix, node);
+        held[i] = holdings(base_of(node), matrix, node);
         let reg = crdt.demand.get(node).copied().unwrap_or_default();
         received_seen[i] = reg.received;
         let f = if node == ctx.me {

@@ -3,7 +3,9 @@
 //! remains of each on a peer's clock when rights given now reach it.
 
 use crate::crdt::{KeyCrdt, TransferMatrix};
-use crate::rule::Algorithm;
+use crate::replica::NodeIdx;
+use crate::rights::inherited;
+use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
 
 use super::{MAX_CLOCK_SKEW_MS, PeerClock};
@@ -23,6 +25,23 @@ pub(crate) enum Scope {
 }
 
 impl Scope {
+    /// What `node` takes over in this scope as a removed node's heir
+    /// ([`crate::rule::Bequest`]): only epochs hold bequests.
+    pub(crate) fn inherited(
+        self,
+        crdt: &KeyCrdt,
+        target: &Target<'_>,
+        algo: &Algorithm,
+        node: NodeIdx,
+    ) -> u64 {
+        match self {
+            Scope::Epoch { epoch, .. } => {
+                inherited(target, crdt.slot(epoch), node, algo.epoch_start(epoch))
+            }
+            Scope::Continuous => 0,
+        }
+    }
+
     /// The scope as a peer sees it, for rights given to it now: nothing of the epoch if it
     /// ends on the peer's clock before they reach it; otherwise what remains on its clock or
     /// on this node's, whichever is longer (a peer ahead is not judged to need less: demand

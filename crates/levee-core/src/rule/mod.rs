@@ -9,15 +9,19 @@
 //! * `validate`: [`RuleSpec::validate`], the limits it checks, and the [`Rule`] it builds.
 //! * `algorithm`: an [`Algorithm`]'s figures and its epoch arithmetic.
 //! * `target`: the [`Target`] a request draws from, bound to the replica set.
+//! * `bequest`: a removed node's rights of a long window, counted by a region-mate
+//!   ([`Bequest`]).
 //!
-//! Their dependencies run one way: `algorithm` ← `spec` ← `validate` ← `target`.
+//! Their dependencies run one way: `algorithm` ← `spec` ← `validate` ← `bequest` ← `target`.
 
 mod algorithm;
+mod bequest;
 mod spec;
 mod target;
 mod validate;
 
 pub use algorithm::{Algorithm, AlgorithmName, Shaping};
+pub use bequest::Bequest;
 pub use spec::{ClassMethod, ClassSpec, KeyFromSpec, RuleMode, RuleSpec};
 pub use target::{CheckError, Target};
 pub use validate::{

@@ -5,6 +5,7 @@ use crate::replica::{NodeIdx, ReplicaSet};
 use crate::time::Millis;
 
 use super::algorithm::Algorithm;
+use super::bequest::Bequest;
 use super::validate::Rule;
 
 /// Why a request cannot be decided against a rule. Nothing was consumed.
@@ -60,6 +61,9 @@ pub struct Target<'r> {
     /// When the split applies from, if it grew after a change of the node list; 0 if not
     /// ([`Rule::grown_from`]).
     pub grown_from: Millis,
+    /// Removed nodes' rights this bucket's heirs count ([`Rule::bequests`]); none for a
+    /// class's own bucket or a key with its own figures.
+    pub bequests: &'r [Bequest],
 }
 
 impl<'r> Target<'r> {
@@ -93,6 +97,7 @@ impl Rule {
     ) -> Result<Target<'r>, CheckError> {
         let own = over.unwrap_or(&self.algorithm);
         let split = if over.is_some() { None } else { self.bound() };
+        let bequests: &[Bequest] = if over.is_some() { &[] } else { &self.bequests };
         let target = match (class, self.classes.is_empty()) {
             (None, true) => Target {
                 algorithm: own,
@@ -100,6 +105,7 @@ impl Rule {
                 min_fill_ppm: 0,
                 split,
                 grown_from: self.grown_from,
+                bequests,
             },
             (None, false) => {
                 return Err(CheckError::MissingClass {
@@ -125,6 +131,7 @@ impl Rule {
                         min_fill_ppm: 0,
                         split: (!c.split.is_empty()).then_some(c.split.as_slice()),
                         grown_from: self.grown_from,
+                        bequests: &[],
                     },
                     None => Target {
                         algorithm: own,
@@ -132,6 +139,7 @@ impl Rule {
                         min_fill_ppm: c.min_fill_ppm,
                         split,
                         grown_from: self.grown_from,
+                        bequests,
                     },
                 }
             }
@@ -185,7 +193,10 @@ impl Rule {
 
     /// Precomputes the split of every capacity among the nodes of `replicas`, so the
     /// decision path does not recompute it. Call again whenever the replica set changes.
+    /// Bound in full, a rule has no [`Bequest`]s: they serve only the windows before grown
+    /// shares apply ([`Rule::bind_no_higher`]).
     pub fn bind(&mut self, replicas: &ReplicaSet) {
+        self.bequests.clear();
         self.split = replicas.split(self.algorithm.capacity());
         for c in &mut self.classes {
             c.split = c
@@ -203,12 +214,26 @@ impl Rule {
         self
     }
 
+    /// Takes `old`'s shares (its split and its classes'), and its bequests, as the bound that
+    /// [`Rule::bind_no_higher`] keeps to; `old` is this rule as it was in force, with as
+    /// many classes.
+    pub fn keep_shares_of(&mut self, old: &Rule) {
+        self.split.clone_from(&old.split);
+        for (c, was) in self.classes.iter_mut().zip(&old.classes) {
+            c.split.clone_from(&was.split);
+        }
+        self.bequests.clone_from(&old.bequests);
+    }
+
     /// [`Rule::bind`], with no node's part of any capacity above what this rule (bound
     /// before) gives it: a share that grows waits (see [`Algorithm::shares_may_grow_at`] and
     /// docs/membership.md). Returns when the rule bound to `replicas` as it is may apply, or
-    /// `None` if no part was held down (or the rule was not bound before).
+    /// `None` if no part was held down (or the rule was not bound before). Until then a
+    /// removed node's rights of a long window are its heir's ([`Bequest`]; the rule's
+    /// bequests before, in `self.bequests`, carry over while they run).
     pub fn bind_no_higher(&mut self, replicas: &ReplicaSet, now: Millis) -> Option<Millis> {
         self.grown_from = 0;
+        let bequests = std::mem::take(&mut self.bequests);
         let before_main = std::mem::take(&mut self.split);
         let before_classes: Vec<Vec<u64>> = self
             .classes
@@ -236,6 +261,8 @@ impl Rule {
             let own = c.own.unwrap_or(algorithm);
             cap(&mut c.split, before, &own);
         }
+        self.bequests = bequests;
+        self.bequeath(&before_main, replicas, now);
         grows_at
     }
 

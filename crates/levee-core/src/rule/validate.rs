@@ -71,6 +71,9 @@ pub struct Rule {
     /// began before it were spent under smaller shares, which the escrow must not count on
     /// for them.
     pub grown_from: Millis,
+    /// Removed nodes' rights of long windows that a region-mate counts until the grown
+    /// shares apply ([`Bequest`], [`Rule::bind_no_higher`]).
+    pub bequests: Vec<super::Bequest>,
     /// `[[rule.override]]`: keys with their own figures, or on the allow or deny list.
     pub overrides: crate::overrides::ConfigOverrides,
 }
@@ -423,6 +426,7 @@ impl RuleSpec {
             spec: self.clone(),
             split: vec![],
             grown_from: 0,
+            bequests: Vec::new(),
             overrides: Default::default(),
         };
         rule.overrides = crate::overrides::ConfigOverrides::build(&rule, &self.overrides)

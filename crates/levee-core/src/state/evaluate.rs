@@ -5,7 +5,7 @@
 use crate::crdt::{EpochSlot, Tally};
 use crate::decision::DecideCtx;
 use crate::replica::NodeIdx;
-use crate::rights::{NANO, ceil_mul_div, holdings};
+use crate::rights::{NANO, ceil_mul_div, holdings, inherited};
 use crate::rule::{Algorithm, Shaping, Target};
 
 use super::key_state::KeyState;
@@ -212,7 +212,9 @@ impl KeyState {
             .and_then(|s| s.tallies.get(ctx.me))
             .map_or(0, Tally::net);
         let global = slot.map_or(0, |s| s.net_total());
-        let base = target.static_share(ctx.me, ctx.replicas);
+        let base = target
+            .static_share(ctx.me, ctx.replicas)
+            .saturating_add(inherited(target, slot, ctx.me, algo.epoch_start(e)));
         let capacity = match slot {
             Some(s) => holdings(base, &s.transfers, ctx.me),
             None => base,

@@ -4,7 +4,7 @@
 use crate::crdt::Tally;
 use crate::escrow::{self, HORIZON_MS, PRESS_MS, RebalanceCtx};
 use crate::forecast::Forecast;
-use crate::rights::holdings;
+use crate::rights::{holdings, inherited};
 use crate::rule::Target;
 use crate::time::Millis;
 
@@ -111,7 +111,9 @@ impl KeyState {
         let covered = algo.rights_per_epoch() && {
             let e = algo.epoch(now);
             let slot = self.crdt.slot(e);
-            let base = target.static_share(ctx.me, ctx.replicas);
+            let base = target
+                .static_share(ctx.me, ctx.replicas)
+                .saturating_add(inherited(target, slot, ctx.me, algo.epoch_start(e)));
             let held = slot.map_or(base, |s| holdings(base, &s.transfers, ctx.me));
             let used = slot
                 .and_then(|s| s.tallies.get(ctx.me))

@@ -111,10 +111,7 @@ impl RuleSet {
                     {
                         let mut bound = rule.clone();
                         bound.bind(&replicas);
-                        rule.split.clone_from(&old.split);
-                        for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
-                            c.split.clone_from(&was.split);
-                        }
+                        rule.keep_shares_of(old);
                         rule.bind_no_higher(&replicas, now)
                             .map(|at| (at, bound.growing_from(at)))
                     }
@@ -143,6 +140,37 @@ impl RuleSet {
             replicas,
             me: self.me,
         }
+    }
+
+    /// These rules with the bequests of the nodes `removed` settled
+    /// (`levee_cluster::Event::BequestsSettled`), or `None` if none waited.
+    pub fn with_bequests_settled(&self, removed: &[NodeIdx]) -> Option<RuleSet> {
+        if !self.ordered.iter().any(|e| e.rule.has_unsettled_bequests()) {
+            return None;
+        }
+        let ordered: Vec<Arc<RuleEntry>> = self
+            .ordered
+            .iter()
+            .map(|e| {
+                let mut rule = e.rule.clone();
+                rule.settle_bequests(removed);
+                Arc::new(RuleEntry {
+                    rule,
+                    metrics: e.metrics.clone(),
+                    later: e.later.clone(),
+                })
+            })
+            .collect();
+        let by_name = ordered
+            .iter()
+            .map(|e| (e.rule.name.clone(), Arc::clone(e)))
+            .collect();
+        Some(RuleSet {
+            by_name,
+            ordered,
+            replicas: self.replicas.clone(),
+            me: self.me,
+        })
     }
 
     /// The rule named `name`; `404 unknown_rule` naming `field` if there is none.

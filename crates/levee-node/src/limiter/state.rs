@@ -112,6 +112,14 @@ impl Limiter {
             .store(Arc::new(current.rebound(&current, spending, now)));
     }
 
+    /// What the rules in force take over of the nodes `removed` counts from now
+    /// ([`RuleSet::with_bequests_settled`]).
+    pub fn settle_bequests(&self, removed: &[levee_core::NodeIdx]) {
+        if let Some(settled) = self.rules.load().with_bequests_settled(removed) {
+            self.rules.store(Arc::new(settled));
+        }
+    }
+
     /// Threshold notices: the sender task takes their queue.
     pub fn notices(&self) -> &Notices {
         &self.notices

@@ -393,6 +393,11 @@ impl Replication {
                     let spending = self.cluster.lock().spending();
                     host.limiter().rebind(spending);
                 }
+                Event::BequestsSettled(removed) => {
+                    // In order with the rebinds that made the bequests.
+                    let _order = self.shares_order.lock();
+                    host.limiter().settle_bequests(&removed);
+                }
                 Event::Synced => host.synced(),
                 Event::PeerUp(n) => tracing::info!(peer = %self.id_of(n), "peer reachable"),
                 Event::PeerDown(n) => {

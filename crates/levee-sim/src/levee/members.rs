@@ -182,7 +182,9 @@ impl<'p> Driver<'p> {
                     "node {n}: the last list is not agreed (not acknowledged by nodes {})",
                     waiting.join(", ")
                 ));
-            } else if node.cluster.spending().is_bounded() || share != split[n] {
+            } else if node.cluster.spending().is_bounded()
+                || (share != split[n] && !self.growth_scheduled(n, t, split[n]))
+            {
                 found.push(format!(
                     "node {n}: share {share}, not its full share {} under the last list{}",
                     split[n],
@@ -196,6 +198,19 @@ impl<'p> Driver<'p> {
             }
         }
         self.lists.disagreements = found;
+    }
+
+    /// A window that outlasts the run (a day's quota): node `n`'s grown share `full` cannot
+    /// apply before the run ends (it waits for the window after next,
+    /// `levee_core::Rule::bind_no_higher`). Whether it is scheduled: the rule bound in full
+    /// gives `full`, from no later than a change agreed at `t` would.
+    fn growth_scheduled(&self, n: usize, t: levee_core::Millis, full: u64) -> bool {
+        let states = &self.nodes[n].states;
+        self.plan.long_window()
+            && states.pending_growth(t).is_some_and(|at| {
+                states.share_at(at) == full
+                    && at <= states.rule_at(t).algorithm.shares_may_grow_at(t)
+            })
     }
 
     /// Whether node `n` runs at some point of the plan (a node of the first list, or one

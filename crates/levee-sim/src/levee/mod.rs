@@ -332,6 +332,7 @@ impl<'p> Driver<'p> {
     }
 
     fn finish(mut self) -> LeveeResult {
+        self.note_dead();
         // A long window the run ends in is reported too (its clock never left it).
         if self.plan.long_window() {
             for n in 0..self.nodes.len() {

@@ -104,6 +104,7 @@ impl<'p> Driver<'p> {
             };
             match event {
                 Event::Synced => self.note_sync(n),
+                Event::BequestsSettled(removed) => self.nodes[n].states.settle_bequests(&removed),
                 Event::SharesChanged(list) => {
                     // As the node does: bind the rule to the event's list, then to the
                     // machine's current one.
@@ -195,7 +196,38 @@ impl<'p> Driver<'p> {
             return;
         }
         node.synced = true;
-        let memory = std::mem::take(&mut node.crash_memory);
+        // Only windows the node can still admit in matter: earlier ones are over (and their
+        // slots have left the peers' retention, so comparing them would count as lost what
+        // is merely old).
+        let current = if self.plan.algo == crate::plan::Algo::SlidingLog {
+            // A log's slots are milliseconds: those still in the window.
+            (self.clock(n) + 1).saturating_sub(self.plan.window_ms)
+        } else {
+            self.plan.window_of(self.clock(n))
+        };
+        self.book_forgotten(n, current, true);
+    }
+
+    /// At the end of a run, what each node that crashed and never came back forgot: its own
+    /// consumption and gifts of the window it crashed in and after that no live node knew.
+    /// (Such a node's rights of a long window are its heir's once it is removed,
+    /// `levee_core::rule::Bequest`, counted from what the live nodes know: usage it admitted
+    /// and never told is admitted again.)
+    pub(super) fn note_dead(&mut self) {
+        for n in 0..self.nodes.len() {
+            if self.nodes[n].up || self.nodes[n].crash_memory.is_empty() {
+                continue;
+            }
+            let from = self.plan.window_of(self.nodes[n].crashed_at);
+            self.book_forgotten(n, from, false);
+        }
+    }
+
+    /// Books what node `n` forgot in its crash of its entries of windows from `current` on
+    /// ([`Driver::note_sync`]); `restarted`: it came back and pulled, so what live peers
+    /// knew and it did not get back counts as unrecovered.
+    fn book_forgotten(&mut self, n: usize, current: u64, restarted: bool) {
+        let memory = std::mem::take(&mut self.nodes[n].crash_memory);
         let me = NodeIdx(n as u16);
         let entry = |m: usize, k: u32, epoch: u64| -> (u64, u64) {
             let slot = self.nodes[m]
@@ -207,15 +239,6 @@ impl<'p> Driver<'p> {
                     .map_or(0, |t| t.consumed),
                 slot.map_or(0, |s| s.transfers.given_by(me)),
             )
-        };
-        // Only windows the node can still admit in matter: earlier ones are over (and their
-        // slots have left the peers' retention, so comparing them would count as lost what
-        // is merely old).
-        let current = if self.plan.algo == crate::plan::Algo::SlidingLog {
-            // A log's slots are milliseconds: those still in the window.
-            (self.clock(n) + 1).saturating_sub(self.plan.window_ms)
-        } else {
-            self.plan.window_of(self.clock(n))
         };
         let mut found = Vec::new();
         for ((k, epoch), (consumed, given)) in
@@ -230,7 +253,11 @@ impl<'p> Driver<'p> {
             }
             let lost = consumed.saturating_sub(own_c.max(peer_c))
                 + given.saturating_sub(own_g.max(peer_g));
-            let unrecovered = peer_c.saturating_sub(own_c) + peer_g.saturating_sub(own_g);
+            let unrecovered = if restarted {
+                peer_c.saturating_sub(own_c) + peer_g.saturating_sub(own_g)
+            } else {
+                0
+            };
             found.push((k, epoch, lost, unrecovered));
         }
         if !self.plan.algo.per_window() {

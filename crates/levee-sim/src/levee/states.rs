@@ -136,16 +136,21 @@ impl SimStates {
             let mut bound = b.base.clone();
             bound.bind(&spending);
             let mut rule = b.base.clone();
-            rule.split.clone_from(&old.split);
-            for (c, was) in rule.classes.iter_mut().zip(&old.classes) {
-                c.split.clone_from(&was.split);
-            }
+            rule.keep_shares_of(&old);
             b.later = rule
                 .bind_no_higher(&spending, now)
                 .map(|at| (at, bound.growing_from(at)));
             b.rule = rule;
         }
         self.replicas = spending;
+    }
+
+    /// What the rules take over of the nodes `removed` counts from now, as the node's
+    /// `settle_bequests` does on `Event::BequestsSettled`.
+    pub fn settle_bequests(&mut self, removed: &[NodeIdx]) {
+        for b in &mut self.rules {
+            b.rule.settle_bequests(removed);
+        }
     }
 
     /// Forgets every key (a crash that loses what was not synchronised).
