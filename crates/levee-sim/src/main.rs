@@ -32,8 +32,9 @@ struct Cli {
     seed: Option<u64>,
     /// The scenario: steady, skewed, hot-region, bursts, many-keys, region-isolated,
     /// full-split, one-way, flapping, crashes (the classic set); sporadic, follow-the-sun,
-    /// back-to-back, light-keys (the demand set); grow, remove-dead, reweight, frozen-removed,
-    /// churn, removed-alive, grow-reordered, leave (the membership set); bursts-wait (the
+    /// back-to-back, light-keys (the demand set); grow, remove-dead, remove-dead-day,
+    /// reweight, frozen-removed, churn, removed-alive, grow-reordered, leave (the membership
+    /// set); bursts-wait (the
     /// waiting set); fixed-window, token-bucket, leaky-bucket, sliding-window, sliding-log,
     /// quota-day (the algorithms set).
     #[arg(long)]
