@@ -128,8 +128,13 @@ impl Algorithm {
     /// before the change counts against the same limit as what the grown share admits. For a
     /// window or period, the one after the next: rights for the next one may already have
     /// been handed over, under the old shares, during this one (the escrow gives ahead by
-    /// one epoch). For a sliding log, a whole window later; for a token bucket, once an
-    /// emptied bucket would have refilled. (A share that shrinks applies at once.)
+    /// one epoch). The next one on the clock of a peer up to `max_clock_skew` ahead: such a
+    /// peer may already be in this node's next epoch and have handed over rights of the one
+    /// after (`levee-sim --seed 269 --scenario leave`: a node 288 ms ahead gave 62 rights of
+    /// window 9 under its old share of 62, which then shrank to 61, while a region-mate's
+    /// share grew from window 9 on: 370 of 369). For a sliding log, a whole window later;
+    /// for a token bucket, once an emptied bucket would have refilled. (A share that shrinks
+    /// applies at once.)
     pub fn shares_may_grow_at(&self, now: Millis) -> Millis {
         match *self {
             Algorithm::TokenBucket {
@@ -141,7 +146,10 @@ impl Algorithm {
             Algorithm::SlidingLog { window_ms, .. } => now.saturating_add(window_ms),
             Algorithm::FixedWindow { .. }
             | Algorithm::SlidingWindow { .. }
-            | Algorithm::Quota { .. } => self.epoch_end(self.epoch(now).saturating_add(1)),
+            | Algorithm::Quota { .. } => {
+                let ahead = now.saturating_add(crate::escrow::MAX_CLOCK_SKEW_MS);
+                self.epoch_end(self.epoch(ahead).saturating_add(1))
+            }
         }
     }
 

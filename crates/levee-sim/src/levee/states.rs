@@ -508,13 +508,19 @@ mod tests {
         s.rebind(grown.replica_set(), 10_500);
         assert_eq!(s.share_at(10_500), 50, "a shrink applies at once");
         // The new node's part (from nothing) waits; this node's stays 50.
-        assert_eq!(s.pending_growth(10_500), Some(12_000));
-        assert_eq!(s.share_at(12_000), 50);
-        // The region-mate removed again: 100, from the window after next.
+        assert_eq!(s.pending_growth(10_500), Some(13_000));
+        assert_eq!(s.share_at(13_000), 50);
+        // The region-mate removed again: 100, from the window after next on the clock of a
+        // peer `max_clock_skew` (500 ms) ahead, which is in window 11 already: from 13,000.
         s.rebind(grown.with_removed(2).replica_set(), 10_500);
         assert_eq!(s.share_at(10_999), 50);
-        assert_eq!(s.pending_growth(10_500), Some(12_000));
-        assert_eq!(s.share_at(11_999), 50);
-        assert_eq!(s.share_at(12_000), 100);
+        assert_eq!(s.pending_growth(10_500), Some(13_000));
+        assert_eq!(s.share_at(12_999), 50);
+        assert_eq!(s.share_at(13_000), 100);
+        // A change early in a window (400 ms in, a peer ahead still in it): from 12,000.
+        let mut early = SimStates::new(NodeIdx(0), first.replica_set(), vec![rule(200, 1_000)]);
+        early.rebind(grown.replica_set(), 10_400);
+        early.rebind(grown.with_removed(2).replica_set(), 10_400);
+        assert_eq!(early.pending_growth(10_400), Some(12_000));
     }
 }
