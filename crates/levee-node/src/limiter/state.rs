@@ -113,11 +113,26 @@ impl Limiter {
     }
 
     /// What the rules in force take over of the nodes `removed` counts from now
-    /// ([`RuleSet::with_bequests_settled`]).
-    pub fn settle_bequests(&self, removed: &[levee_core::NodeIdx]) {
-        if let Some(settled) = self.rules.load().with_bequests_settled(removed) {
-            self.rules.store(Arc::new(settled));
-        }
+    /// ([`RuleSet::with_bequests_settled`]). Returns the rules in which this node is the
+    /// heir of one of them.
+    pub fn settle_bequests(&self, removed: &[levee_core::NodeIdx]) -> Vec<String> {
+        let Some(settled) = self.rules.load().with_bequests_settled(removed) else {
+            return Vec::new();
+        };
+        let me = settled.me;
+        let heir_in = settled
+            .ordered
+            .iter()
+            .filter(|e| {
+                e.rule
+                    .bequests
+                    .iter()
+                    .any(|b| b.heir == me && removed.contains(&b.from))
+            })
+            .map(|e| e.rule.name.clone())
+            .collect();
+        self.rules.store(Arc::new(settled));
+        heir_in
     }
 
     /// Threshold notices: the sender task takes their queue.

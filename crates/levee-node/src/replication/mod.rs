@@ -396,7 +396,15 @@ impl Replication {
                 Event::BequestsSettled(removed) => {
                     // In order with the rebinds that made the bequests.
                     let _order = self.shares_order.lock();
-                    host.limiter().settle_bequests(&removed);
+                    let rules = host.limiter().settle_bequests(&removed);
+                    if !rules.is_empty() {
+                        let removed: Vec<String> = removed.iter().map(|&n| self.id_of(n)).collect();
+                        tracing::info!(
+                            ?removed,
+                            ?rules,
+                            "taking over what removed nodes held of long windows (this node is their heir)"
+                        );
+                    }
                 }
                 Event::Synced => host.synced(),
                 Event::PeerUp(n) => tracing::info!(peer = %self.id_of(n), "peer reachable"),
