@@ -26,12 +26,12 @@ impl Cluster {
     /// removed now, (re)starts the pull. A pull under way when another node is removed starts
     /// over, so that the states merged are all from after the last removal.
     pub(super) fn pull_after_removals(&mut self, before: &ReplicaSet, now: Millis) {
-        let removed = self
+        let newly_removed = self
             .cfg
             .replicas
             .positions()
             .any(|n| !before.is_removed(n) && self.cfg.replicas.is_removed(n));
-        if !removed {
+        if !newly_removed {
             return;
         }
         for p in &mut self.peer {
