@@ -148,6 +148,20 @@ impl Lists {
         floors
     }
 
+    /// Whether a list in play (a peer's, or one it said still bounds it) marks this node
+    /// removed: it has been removed while it ran (frozen, or cut off, and thawed with its
+    /// old list). It then admits nothing: what it holds beyond its share, rights its
+    /// region-mates gave it of a day's quota say, is counted by its heir once the removal
+    /// settles (`levee_core::rule::Bequest`), and would otherwise stay spendable here for the
+    /// whole window (`levee cluster`: a removed monthly-quota owner, thawed, admitted for as
+    /// long as it was asked).
+    pub fn removes_me(&self) -> bool {
+        let me = self.current.node_id(self.me);
+        self.floors()
+            .iter()
+            .any(|f| f.node_by_id(me).is_some_and(|i| f.is_removed(i)))
+    }
+
     /// The lists this node tells its peers still bound its shares (at most `limit`): none
     /// once its list was agreed (that list is then a bound every node keeps until it sees a
     /// later one agreed); until then every list that bounds its shares, its peers' included.
@@ -432,6 +446,38 @@ mod tests {
         eu1.reported(NodeIdx(1), shrunk, vec![], vec![]);
         assert!(eu1.agreed(), "removed nodes are not waited for");
         assert_eq!(eu1.spending().split(1000), vec![500, 500, 0, 0]);
+    }
+
+    /// The same node, seen from itself: once it hears a peer's list in which it is removed,
+    /// it admits nothing (what it still holds is its heir's to count), whatever its own
+    /// list says.
+    #[test]
+    fn a_removed_node_that_hears_of_its_removal_knows_it() {
+        let shrunk = list(&[
+            ("eu-1", "eu", None),
+            ("us-1", "us", None),
+            ("eu-2", "eu", None),
+            ("us-2", "us", REMOVED),
+        ]);
+        let mut us2 = Lists::new(four(), NodeIdx(3));
+        assert!(!us2.removes_me());
+        us2.reported(NodeIdx(0), four(), vec![], vec![]);
+        assert!(!us2.removes_me(), "a peer on the same list");
+        us2.reported(NodeIdx(1), shrunk, vec![], vec![]);
+        assert!(us2.removes_me());
+        let mut eu2 = Lists::new(four(), NodeIdx(2));
+        eu2.reported(
+            NodeIdx(1),
+            list(&[
+                ("eu-1", "eu", None),
+                ("us-1", "us", None),
+                ("eu-2", "eu", None),
+                ("us-2", "us", REMOVED),
+            ]),
+            vec![],
+            vec![],
+        );
+        assert!(!eu2.removes_me(), "another node's removal");
     }
 
     /// A node removed while frozen, thawed after the others agreed: it still runs the old

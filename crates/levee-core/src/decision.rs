@@ -14,8 +14,9 @@ pub struct ClusterView {
     pub unreachable: RegionMask,
     /// This node is not the key's owner and decides alone because the owner is unreachable.
     pub acting_alone: bool,
-    /// This node has (re)started and not yet pulled the cluster's state: it may not know
-    /// what it consumed or gave away before, so it admits nothing.
+    /// This node has (re)started and not yet pulled the cluster's state (it may not know
+    /// what it consumed or gave away before), or a list in play removes it: it admits
+    /// nothing.
     pub recovering: bool,
 }
 

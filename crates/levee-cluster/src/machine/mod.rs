@@ -383,6 +383,8 @@ impl Cluster {
                     .push_back(Event::SharesChanged(self.cfg.replicas.clone()));
                 self.pull_after_removals(&before, now);
             }
+            // A list that removes this node may have come into play: it then admits nothing.
+            self.report_view();
         }
     }
 
@@ -423,7 +425,7 @@ impl Cluster {
         ClusterView {
             unreachable: self.membership.unreachable_regions(&self.cfg.replicas),
             acting_alone: false,
-            recovering: !self.synced,
+            recovering: !self.synced || self.lists.removes_me(),
         }
     }
 
