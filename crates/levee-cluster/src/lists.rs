@@ -463,20 +463,10 @@ mod tests {
         assert!(!us2.removes_me());
         us2.reported(NodeIdx(0), four(), vec![], vec![]);
         assert!(!us2.removes_me(), "a peer on the same list");
-        us2.reported(NodeIdx(1), shrunk, vec![], vec![]);
+        us2.reported(NodeIdx(1), shrunk.clone(), vec![], vec![]);
         assert!(us2.removes_me());
         let mut eu2 = Lists::new(four(), NodeIdx(2));
-        eu2.reported(
-            NodeIdx(1),
-            list(&[
-                ("eu-1", "eu", None),
-                ("us-1", "us", None),
-                ("eu-2", "eu", None),
-                ("us-2", "us", REMOVED),
-            ]),
-            vec![],
-            vec![],
-        );
+        eu2.reported(NodeIdx(1), shrunk, vec![], vec![]);
         assert!(!eu2.removes_me(), "another node's removal");
     }
 
