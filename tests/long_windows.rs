@@ -61,7 +61,6 @@ fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
     let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
     let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
     let rule = "daily";
-    const BEFORE: u64 = 50;
     let key = c.day_key_held_by_eu2("crashed-owner", BEFORE);
     let key = key.as_str();
 
@@ -102,6 +101,25 @@ fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
     c.wait_agreement(&all, rule, key, READY_TIMEOUT, |v| v.used == DAILY_LIMIT);
 }
 
+/// eu-2 owns a day-quota key, has gathered its region's rights of it and admitted `BEFORE`
+/// (every live node's view says so) when it is killed (`kill -9`) and then removed from the
+/// list. Returns the key and how long after the kill the removal was agreed.
+fn remove_dead_owner(c: &mut LocalClusterHandle, prefix: &str) -> (String, Duration) {
+    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let key = c.day_key_held_by_eu2(prefix, BEFORE);
+    let live = [eu1, us1, us2];
+    c.wait_agreement(&live, "daily", &key, READY_TIMEOUT, |v| v.used == BEFORE);
+    c.kill9(eu2);
+    let down = Instant::now();
+    let removed = [(eu1, false), (eu2, true), (us1, false), (us2, false)];
+    c.change_list(&removed, &live, true);
+    c.wait_agreed(&live);
+    (key, down.elapsed())
+}
+
+/// What the owner admitted before it was killed, in the removal tests.
+const BEFORE: u64 = 50;
+
 /// eu-2 owns a day-quota key and has gathered its region's rights of it when it is killed
 /// (`kill -9`) and then removed from the list: eu-1, its region-mate, takes over what eu-2
 /// held and did not use (`Rule::bequests`), so the cluster still admits exactly the day's
@@ -110,20 +128,10 @@ fn rights_a_crashed_owner_held_of_a_day_quota_come_back_when_it_restarts() {
 #[test]
 fn rights_a_crashed_owner_held_of_a_day_quota_serve_its_region_once_it_is_removed() {
     let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
-    let [eu1, eu2, us1, us2] = [0, 1, 2, 3];
+    let live = [0, 2, 3];
     let rule = "daily";
-    const BEFORE: u64 = 50;
-    let key = c.day_key_held_by_eu2("removed-owner", BEFORE);
+    let (key, removed_after) = remove_dead_owner(&mut c, "removed-owner");
     let key = key.as_str();
-    let live = [eu1, us1, us2];
-    c.wait_agreement(&live, rule, key, READY_TIMEOUT, |v| v.used == BEFORE);
-
-    c.kill9(eu2);
-    let down = Instant::now();
-    let removed = [(eu1, false), (eu2, true), (us1, false), (us2, false)];
-    c.change_list(&removed, &live, true);
-    c.wait_agreed(&live);
-    let removed_after = down.elapsed();
     let after = admit_until_spent(&c, &live, rule, key, DAILY_LIMIT, Duration::from_secs(20));
     eprintln!(
         "admitted {BEFORE} before eu-2 was killed; it was removed {removed_after:?} later; then {after} (limit {DAILY_LIMIT}, {} stranded)",
@@ -136,6 +144,35 @@ fn rights_a_crashed_owner_held_of_a_day_quota_serve_its_region_once_it_is_remove
         BEFORE + after,
         DAILY_LIMIT,
         "{BEFORE} before eu-2 was killed, {after} after its removal"
+    );
+    c.wait_agreement(&live, rule, key, READY_TIMEOUT, |v| v.used == DAILY_LIMIT);
+}
+
+/// As above, but eu-1, the heir, is killed and restarted once the removal is agreed, before
+/// anything more is admitted. A node that starts with removed nodes in its list holds its
+/// shares as a running node does when the removal reaches it (`RuleSet::starting`), so the
+/// restarted heir takes over what eu-2 left again once it has pulled its peers' state.
+/// Before, it bound the new list in full and forgot the bequest: the region's own share
+/// served (eu-1 had given its part to the owner), and what eu-2 held stayed out of service
+/// until the day after next.
+#[test]
+fn a_restarted_heir_still_serves_what_a_removed_owner_left_of_a_day_quota() {
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 2, None);
+    let [eu1, us1, us2] = [0, 2, 3];
+    let live = [eu1, us1, us2];
+    let rule = "daily";
+    let (key, _) = remove_dead_owner(&mut c, "heir-restarts");
+    let key = key.as_str();
+    c.kill9(eu1);
+    c.start_node(eu1);
+    let after = admit_until_spent(&c, &live, rule, key, DAILY_LIMIT, Duration::from_secs(20));
+    for i in live {
+        eprintln!("{}: {}", c.id(i), c.usage(i, rule, key));
+    }
+    assert_eq!(
+        BEFORE + after,
+        DAILY_LIMIT,
+        "{BEFORE} before eu-2 was killed, {after} after its removal and eu-1's restart"
     );
     c.wait_agreement(&live, rule, key, READY_TIMEOUT, |v| v.used == DAILY_LIMIT);
 }

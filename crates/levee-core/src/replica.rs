@@ -327,6 +327,40 @@ impl ReplicaSet {
             .expect("a replica set's own specs make the same set")
     }
 
+    /// This list (without floors) with every removed node back, at the weight `weight_of`
+    /// gives it (`None`: its region's even weight): the list before its removals, as far as
+    /// this list tells. A node that starts binds its shares no higher than under it, as a
+    /// running node does when a removal reaches it (docs/membership.md, "A node that
+    /// restarts after a removal"): every other node's share under it is no larger than
+    /// under this list, and the removed node's part goes to its heir only by what it left.
+    pub fn before_removals(&self, weight_of: impl Fn(NodeIdx) -> Option<u32>) -> ReplicaSet {
+        let (regions, nodes) = self.specs();
+        let revive = |weight: &dyn Fn(NodeIdx) -> Option<u32>| {
+            let nodes: Vec<ReplicaSpec> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| ReplicaSpec {
+                    weight: if spec.weight == REMOVED {
+                        weight(NodeIdx(i as u16)).filter(|w| (1..=MAX_WEIGHT).contains(w))
+                    } else {
+                        spec.weight
+                    },
+                    ..spec.clone()
+                })
+                .collect();
+            ReplicaSet::new(&regions, &nodes)
+        };
+        // Weights that no list could hold (too large a common multiple) count as even.
+        revive(&weight_of)
+            .or_else(|_| revive(&|_| None))
+            .expect("a listed node's region has a weight, and even weights always fit")
+    }
+
+    /// Whether any node of the list is removed.
+    pub fn has_removed(&self) -> bool {
+        self.nodes.iter().any(|n| n.given == REMOVED)
+    }
+
     /// Whether any floor bounds this list's shares ([`with_floors`](ReplicaSet::with_floors)).
     pub fn is_bounded(&self) -> bool {
         !self.floors.is_empty()

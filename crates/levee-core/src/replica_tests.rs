@@ -217,3 +217,27 @@ fn a_successor_keeps_every_position_and_a_removed_node_stays_removed() {
     let moved = list(&[("eu-1", "us", None), ("us-1", "eu", None)]);
     assert!(refusal(&old, &moved).contains("cannot change regions"));
 }
+
+#[test]
+fn before_removals_brings_removed_nodes_back_at_their_weight_and_bounds_every_other_share() {
+    let regions = [("eu".to_string(), 1), ("us".to_string(), 1)];
+    let mut specs = vec![spec("eu-1", "eu"), spec("eu-2", "eu"), spec("eu-3", "eu")];
+    specs.push(spec("us-1", "us"));
+    let before = ReplicaSet::new(&regions, &specs).unwrap();
+    specs[1].weight = REMOVED;
+    let after = ReplicaSet::new(&regions, &specs).unwrap();
+    assert!(after.has_removed() && !before.has_removed());
+
+    let revived = after.before_removals(|_| None);
+    assert_eq!(revived, before);
+    assert_eq!(revived.split(600), vec![100, 100, 100, 300]);
+    assert_eq!(after.split(600), vec![150, 0, 150, 300]);
+
+    // A removed entry that keeps its weight comes back at it; an impossible weight is even.
+    let weighted = after.before_removals(|n| (n == NodeIdx(1)).then_some(4));
+    assert_eq!(weighted.split(600), vec![50, 200, 50, 300]);
+    let impossible = after.before_removals(|_| Some(MAX_WEIGHT + 1));
+    assert_eq!(impossible, before);
+    // A list without removals is itself.
+    assert_eq!(before.before_removals(|_| Some(7)), before);
+}

@@ -52,6 +52,25 @@ impl Cluster {
         }
     }
 
+    /// A node that starts with removed nodes in its list counts what they left as if their
+    /// removal reached it now (a restart forgets its bequests; see `Rule::bind_no_higher`):
+    /// the whole state it pulls on starting settles them, once every peer it gossips with
+    /// answered.
+    pub(super) fn pull_after_start(&mut self, now: Millis) {
+        let removed: Vec<NodeIdx> = self
+            .cfg
+            .replicas
+            .positions()
+            .filter(|&n| self.cfg.replicas.is_removed(n))
+            .collect();
+        if !removed.is_empty() {
+            self.heir_pull = Some(HeirPull {
+                asked: now,
+                removed,
+            });
+        }
+    }
+
     /// One gossip interval: reports the pull complete once every peer this node gossips with
     /// answered whole, or asks those that have not again after [`Cluster::pull_retry`]. A
     /// node still pulling its own state (it restarted) waits for that first.
@@ -75,7 +94,8 @@ impl Cluster {
         }
     }
 
-    /// A peer's answer to a pull arrived whole while this node was synced.
+    /// A peer's answer to a pull arrived whole (to the pull after a removal, or to the one a
+    /// node makes when it starts).
     pub(super) fn heir_pull_answered(&mut self, from: NodeIdx) {
         if self.heir_pull.is_some() {
             self.peer[usize::from(from.0)].heir_pulled = true;

@@ -167,6 +167,7 @@ impl Cluster {
         if c.synced {
             c.events.push_back(Event::Synced);
         }
+        c.pull_after_start(now);
         // The full state is pulled from the peers it gossips with (every peer in a mesh);
         // every peer hears its list.
         let links = c.links(now);

@@ -116,7 +116,8 @@ impl Cluster {
                     self.peer[i].pull_done = true;
                     self.pulled_from.get_or_insert((from, now));
                     self.sync_if_listed(now);
-                } else if done {
+                }
+                if done {
                     self.heir_pull_answered(from);
                 }
             }

@@ -81,6 +81,54 @@ impl RuleSet {
         }
     }
 
+    /// The rules a node starts with at `now`: [`RuleSet::from_config`], except that with
+    /// removed nodes in the list every share is held as when a removal reaches a running
+    /// node ([`RuleSet::rebound`] from the list before the removals, at `now`): grown shares
+    /// wait, and the removed nodes' rights of long windows go to their heirs once the state
+    /// the node pulls on starting settles them. A node that restarted after a removal knows
+    /// neither what its region-mates spent under their old shares nor what the removed node
+    /// used; binding its grown share at once could spend the removed node's share of a day
+    /// twice (`levee-sim --seed 164 --scenario remove-dead-day`: 1.17 × the day's limit).
+    /// A removed entry's `weight` is the weight it had (even if none is given).
+    pub fn starting(config: &Config, now: Millis) -> RuleSet {
+        let rules = RuleSet::from_config(config);
+        if !config.replicas.has_removed() {
+            return rules;
+        }
+        let weight_of = |n: NodeIdx| {
+            let nodes = &config.cluster.as_ref()?.nodes;
+            nodes.get(usize::from(n.0))?.weight
+        };
+        let before = config.replicas.before_removals(weight_of);
+        rules.rebound(&rules.bound_in_full(before), config.replicas.clone(), now)
+    }
+
+    /// These rules bound to `replicas` in full, as if no list came before.
+    fn bound_in_full(&self, replicas: ReplicaSet) -> RuleSet {
+        let ordered: Vec<Arc<RuleEntry>> = self
+            .ordered
+            .iter()
+            .map(|e| {
+                let mut rule = e.rule.clone();
+                rule.bind(&replicas);
+                Arc::new(RuleEntry {
+                    rule,
+                    metrics: e.metrics.clone(),
+                    later: None,
+                })
+            })
+            .collect();
+        RuleSet {
+            by_name: ordered
+                .iter()
+                .map(|e| (e.rule.name.clone(), Arc::clone(e)))
+                .collect(),
+            ordered,
+            replicas,
+            me: self.me,
+        }
+    }
+
     /// These rules bound to `replicas` (the list decisions spend by; see
     /// `levee_cluster::Lists::spending`) at `now`, the shares they held so far as the bound:
     /// a node's share of a limit that shrinks does at once, one that grows waits until

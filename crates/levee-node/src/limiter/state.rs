@@ -40,7 +40,7 @@ pub struct Limiter {
 impl Limiter {
     /// A limiter for a configuration.
     pub fn new(config: &Config, clock: Clock) -> Limiter {
-        let rules = RuleSet::from_config(config);
+        let rules = RuleSet::starting(config, clock.now_ms());
         let view = ClusterView::alone();
         let rules = Arc::new(ArcSwap::from_pointee(rules));
         let overrides = Arc::new(ArcSwap::from_pointee(OverrideTable::new(

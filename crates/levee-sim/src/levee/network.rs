@@ -72,7 +72,12 @@ impl<'p> Driver<'p> {
         self.nodes[node].offset = offset;
         let mut cluster = Cluster::new(self.config(node, list), self.clock(node));
         cluster.set_local_first(self.plan.protocol.local_first);
-        let states = SimStates::new(NodeIdx(node as u16), cluster.spending(), self.plan.rules());
+        let states = SimStates::starting(
+            NodeIdx(node as u16),
+            cluster.spending(),
+            self.plan.rules(),
+            self.clock(node),
+        );
         self.ledger.set_offset(node, self.now, offset);
         let n = &mut self.nodes[node];
         n.synced = cluster.is_synced();

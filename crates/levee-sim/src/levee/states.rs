@@ -83,6 +83,20 @@ impl SimStates {
         }
     }
 
+    /// The states of node `me` as it starts at `now` with `spending`, as the node's
+    /// `RuleSet::starting` binds them: with removed nodes in the list, bound first to the
+    /// list before the removals (every weight even, as the simulator's lists have), then
+    /// rebound to `spending`, so grown shares wait and removed nodes' long-window rights
+    /// are their heirs' once the pull on starting settles them.
+    pub fn starting(me: NodeIdx, spending: ReplicaSet, bases: Vec<Rule>, now: Millis) -> SimStates {
+        if !spending.has_removed() {
+            return SimStates::new(me, spending, bases);
+        }
+        let mut states = SimStates::new(me, spending.before_removals(|_| None), bases);
+        states.rebind(spending, now);
+        states
+    }
+
     /// How many peers' states of a key were refused because they name a node this node's
     /// list does not hold yet (`MergeError::UnknownNode`: a peer that has reloaded relays
     /// entries of a node added since, to a node that has not).
