@@ -7,6 +7,8 @@
 mod common;
 
 use common::{Net, TICK, replicas};
+use levee_core::RuleSpec;
+use levee_core::calendar::CalendarPeriod;
 use levee_testkit::net::Latency;
 
 #[test]
@@ -86,4 +88,44 @@ fn a_dead_peer_delays_a_restart_by_at_most_suspect_after() {
     }
     let used = net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used;
     assert_eq!(used, 40);
+}
+
+/// A node that restarts with nothing while it hears no peer at all syncs after
+/// `suspect_after` (the whole cluster may be starting), but *blind*: it cannot know what it
+/// admitted before, so it admits nothing of windows that may still count it, and gives
+/// nothing away, until a peer's whole state reaches it. Then it decides from its old usage.
+/// Before, it spent its share of the window again (`levee-sim --seed 199 --scenario
+/// remove-dead-day`: 1.12 × a day's limit).
+#[test]
+fn a_node_restarted_cut_off_from_every_peer_is_blind_until_a_peer_answers() {
+    let day = RuleSpec::quota("r", 90, CalendarPeriod::Day).validate().unwrap();
+    let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), day);
+    net.start();
+    for _ in 0..30 {
+        assert!(net.decide(0, "acme"));
+    }
+    net.run(4 * TICK);
+    net.isolate(0, true);
+    net.restart(0);
+    let start = net.now();
+    net.flush();
+    net.run(400);
+    let view = net.nodes[0].0.view();
+    assert!(net.nodes[0].0.is_synced(), "not synced after suspect_after");
+    assert_eq!(view.blind_since, Some(start), "{view:?}");
+    assert!(view.degraded());
+    assert!(
+        !net.decide(0, "acme"),
+        "a blind node admitted a check of a day it may have spent"
+    );
+
+    net.isolate(0, false);
+    let mut waited = 0;
+    while net.nodes[0].0.view().blind_since.is_some() {
+        net.run(TICK);
+        waited += TICK;
+        assert!(waited <= 1_000, "still blind {waited} ms after the cut healed");
+    }
+    let used = net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used;
+    assert_eq!(used, 30, "the state pulled after the heal holds the 30 admitted before");
 }

@@ -18,6 +18,13 @@ pub struct ClusterView {
     /// what it consumed or gave away before), or a list in play removes it: it admits
     /// nothing.
     pub recovering: bool,
+    /// This node (re)started with no state of its own (no snapshot) and gave up waiting for
+    /// its peers' while none was reachable: what it admitted and gave away before, in
+    /// windows that may still count, is unknown. Set to the time it started; until a peer's
+    /// whole state reaches it, it admits nothing of a rule before the time a share that
+    /// changed then could grow ([`crate::Algorithm::shares_may_grow_at`]: a fixed window's
+    /// or a quota's window after next, a token bucket's refill).
+    pub blind_since: Option<Millis>,
 }
 
 impl ClusterView {
@@ -27,13 +34,17 @@ impl ClusterView {
             unreachable: RegionMask::EMPTY,
             acting_alone: false,
             recovering: false,
+            blind_since: None,
         }
     }
 
     /// Whether decisions are made under a conservative cap.
     #[inline]
     pub fn degraded(&self) -> bool {
-        self.acting_alone || self.recovering || !self.unreachable.is_empty()
+        self.acting_alone
+            || self.recovering
+            || self.blind_since.is_some()
+            || !self.unreachable.is_empty()
     }
 }
 

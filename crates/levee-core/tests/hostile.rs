@@ -131,6 +131,7 @@ fn view() -> ClusterView {
         unreachable: RegionMask::EMPTY,
         acting_alone: false,
         recovering: false,
+        blind_since: None,
     }
 }
 

@@ -60,6 +60,7 @@ impl Lockstep {
             unreachable: RegionMask::EMPTY,
             acting_alone: false,
             recovering: false,
+            blind_since: None,
         }
     }
 

@@ -180,6 +180,7 @@ fn strict_ctx(replicas: &ReplicaSet, now: u64, node: usize) -> DecideCtx<'_> {
         unreachable: RegionMask::EMPTY,
         acting_alone: false,
         recovering: false,
+        blind_since: None,
     };
     DecideCtx {
         now,

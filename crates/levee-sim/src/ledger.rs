@@ -29,7 +29,7 @@ pub struct WindowBook {
     /// there while its answer is still on the way): taken off the next admissions.
     owed: u64,
     /// Checks denied while the window's true tallies had room for them (by a
-    /// node that was not recovering), and the longest `retry_after_ms` they carried.
+    /// node that was not recovering or blind), and the longest `retry_after_ms` they carried.
     pub retry_with_room: (u64, u64),
 }
 

@@ -69,11 +69,19 @@ impl Cluster {
                 .iter()
                 .all(|&p| !m.is_reachable(p) || self.peer[usize::from(p.0)].deferred);
             if all_deferred {
+                // With nobody reachable at all (not even a recovering peer, which sends
+                // what it has), what this node did before it started is unknown: blind.
+                // (A node whose every peer is removed is a single node.)
+                self.blind = !links.is_empty()
+                    && links
+                        .iter()
+                        .all(|&p| !m.is_reachable(p) && !self.peer[usize::from(p.0)].deferred);
                 self.synced = true;
                 self.events.push_back(Event::Synced);
+                self.report_view();
             }
         }
-        if !self.synced && now.saturating_sub(self.last_pull) >= self.pull_retry() {
+        if (!self.synced || self.blind) && now.saturating_sub(self.last_pull) >= self.pull_retry() {
             // The answers to our pull may have been lost (a peer's link to us was still
             // backing off from our restart): ask again until one arrives whole.
             self.last_pull = now;
@@ -82,7 +90,8 @@ impl Cluster {
             }
         }
         self.heir_pull_step(now);
-        if self.synced {
+        // A blind node does not know what it gave before it started: it gives nothing.
+        if self.synced && !self.blind {
             self.rebalance(now, store);
         }
         let peers = self.links(now);

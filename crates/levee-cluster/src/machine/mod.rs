@@ -112,6 +112,10 @@ pub struct Cluster {
     pulled_from: Option<(NodeIdx, Millis)>,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
+    /// Synced with nobody to pull from while peers it gossips with were listed and none was
+    /// reachable: its own state before the start is unknown (`ClusterView::blind_since`).
+    /// Cleared by the first whole answer to a pull, asked again every `pull_retry` until then.
+    blind: bool,
     /// The pull of every peer's state after a removal, under way (`heirs.rs`).
     heir_pull: Option<heirs::HeirPull>,
     refused: u64,
@@ -155,6 +159,7 @@ impl Cluster {
             synced: n == 1,
             pulled_from: None,
             last_pull: now,
+            blind: false,
             heir_pull: None,
             refused: 0,
             given_back_late: 0,
@@ -274,6 +279,7 @@ impl Cluster {
             unreachable: self.membership.unreachable_regions(&self.cfg.replicas),
             acting_alone: false,
             recovering: !self.synced || self.lists.removes_me(),
+            blind_since: self.blind.then_some(self.started),
         }
     }
 

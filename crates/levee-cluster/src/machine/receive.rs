@@ -119,6 +119,9 @@ impl Cluster {
                 }
                 if done {
                     self.heir_pull_answered(from);
+                    if std::mem::take(&mut self.blind) {
+                        self.report_view();
+                    }
                 }
             }
             // While the peer has a backlog from us, buckets differ because of what is still

@@ -121,9 +121,14 @@ impl KeyState {
     ) -> Evaluation {
         let algo = target.algorithm;
         let e = algo.epoch(ctx.now);
-        if ctx.view.recovering {
+        let blind = ctx
+            .view
+            .blind_since
+            .is_some_and(|since| ctx.now < algo.shares_may_grow_at(since));
+        if ctx.view.recovering || blind {
             // What this node gave away before it restarted is unknown until it has pulled
-            // the cluster's state: it spends nothing.
+            // the cluster's state: it spends nothing (of windows that may still count it, if
+            // it gave up waiting with nobody to pull from).
             return Evaluation::decided(
                 cost == 0,
                 0,

@@ -29,6 +29,7 @@ pub(crate) fn ctx(replicas: &ReplicaSet, now: u64, node: u16) -> DecideCtx<'_> {
             unreachable: RegionMask::EMPTY,
             acting_alone: false,
             recovering: false,
+            blind_since: None,
         },
     }
 }

@@ -382,7 +382,20 @@ impl Replication {
                             !view.unreachable.contains(r),
                         );
                     }
+                    let was_blind = host.limiter().view().blind_since.is_some();
                     host.limiter().set_view(view);
+                    match (was_blind, host.limiter().view().blind_since.is_some()) {
+                        (false, true) => tracing::warn!(
+                            "started without a snapshot and no peer is reachable to pull this \
+                             node's state from: what it admitted before it stopped is unknown, so \
+                             it admits nothing of windows that may still count it (a day quota: \
+                             until the day after next) until a peer answers"
+                        ),
+                        (true, false) => {
+                            tracing::info!("a peer's state arrived: deciding every rule again");
+                        }
+                        _ => {}
+                    }
                 }
                 Event::SharesChanged(list) => {
                     // The event's list first (a share that shrank and grows again within

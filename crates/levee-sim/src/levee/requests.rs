@@ -167,7 +167,10 @@ impl<'p> Driver<'p> {
                 .push(format!("node {node}: no decision for key {name}"));
             return None;
         };
-        if !decision.allowed && !view.recovering && self.plan.algo.per_window() {
+        // A recovering or blind node (`ClusterView::blind_since`) answers with the time it
+        // expects to have pulled its peers' state, not with rights: not what this counts.
+        let pulling = view.recovering || view.blind_since.is_some();
+        if !decision.allowed && !pulling && self.plan.algo.per_window() {
             let limit = self.plan.limit;
             let book = self.ledger.book(ask.key, window);
             // Refunds not yet gossiped may still count in a node's view: room is what the
