@@ -408,6 +408,8 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
         topology: Default::default(),
     };
     let mut cluster = Cluster::new(cfg, T0);
+    // Its counters on disk: starting from what it has, it vouches for them (not blind).
+    cluster.set_durable(true);
     let mut store = MemoryStates::new(NodeIdx(0), set, vec![window_rule(100)]);
     let keys = 3 * PUSH_KEYS_PER_TICK + 100;
     for k in 0..keys {

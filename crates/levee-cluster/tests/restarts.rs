@@ -98,7 +98,9 @@ fn a_dead_peer_delays_a_restart_by_at_most_suspect_after() {
 /// remove-dead-day`: 1.12 × a day's limit).
 #[test]
 fn a_node_restarted_cut_off_from_every_peer_is_blind_until_a_peer_answers() {
-    let day = RuleSpec::quota("r", 90, CalendarPeriod::Day).validate().unwrap();
+    let day = RuleSpec::quota("r", 90, CalendarPeriod::Day)
+        .validate()
+        .unwrap();
     let mut net = Net::with_rule(replicas(&["ap", "eu", "us"], 1), day);
     net.start();
     for _ in 0..30 {
@@ -124,8 +126,31 @@ fn a_node_restarted_cut_off_from_every_peer_is_blind_until_a_peer_answers() {
     while net.nodes[0].0.view().blind_since.is_some() {
         net.run(TICK);
         waited += TICK;
-        assert!(waited <= 1_000, "still blind {waited} ms after the cut healed");
+        assert!(
+            waited <= 1_000,
+            "still blind {waited} ms after the cut healed"
+        );
     }
     let used = net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used;
-    assert_eq!(used, 30, "the state pulled after the heal holds the 30 admitted before");
+    assert_eq!(
+        used, 30,
+        "the state pulled after the heal holds the 30 admitted before"
+    );
+}
+
+/// The same restart of a node that keeps its counters on disk (`node.data_dir`) is not
+/// blind: its snapshot holds what it admitted, up to its last write, so it decides at once.
+#[test]
+fn a_node_that_keeps_its_counters_on_disk_is_not_blind_when_it_restarts_cut_off() {
+    let mut net = Net::new(replicas(&["ap", "eu", "us"], 1), 90);
+    net.start();
+    net.isolate(0, true);
+    net.restart(0);
+    net.nodes[0].0.set_durable(true);
+    net.flush();
+    net.run(400);
+    let view = net.nodes[0].0.view();
+    assert!(net.nodes[0].0.is_synced(), "not synced after suspect_after");
+    assert_eq!(view.blind_since, None, "{view:?}");
+    assert!(net.decide(0, "acme"), "a durable node restarted cut off denied");
 }

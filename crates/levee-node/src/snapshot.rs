@@ -310,7 +310,6 @@ pub fn restore(limiter: &Limiter, data_dir: &Path) -> Result<Restored, SnapshotE
         limiter.store().insert(id.into(), state);
         restored += 1;
     }
-    limiter.note_restored();
     Ok(Restored::Loaded {
         keys: restored,
         format,

@@ -71,8 +71,10 @@ impl Cluster {
             if all_deferred {
                 // With nobody reachable at all (not even a recovering peer, which sends
                 // what it has), what this node did before it started is unknown: blind.
-                // (A node whose every peer is removed is a single node.)
-                self.blind = !links.is_empty()
+                // (A node whose every peer is removed is a single node; one that keeps its
+                // counters on disk lost at most what it admitted since its last snapshot.)
+                self.blind = !self.durable
+                    && !links.is_empty()
                     && links
                         .iter()
                         .all(|&p| !m.is_reachable(p) && !self.peer[usize::from(p.0)].deferred);
@@ -81,7 +83,9 @@ impl Cluster {
                 self.report_view();
             }
         }
-        if (!self.synced || self.blind) && now.saturating_sub(self.last_pull) >= self.pull_retry() {
+        // (A blind node's pull after a removal, if one is under way, asks the same peers.)
+        let blind_asks = self.blind && self.heir_pull.is_none();
+        if (!self.synced || blind_asks) && now.saturating_sub(self.last_pull) >= self.pull_retry() {
             // The answers to our pull may have been lost (a peer's link to us was still
             // backing off from our restart): ask again until one arrives whole.
             self.last_pull = now;

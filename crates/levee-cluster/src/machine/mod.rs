@@ -116,6 +116,8 @@ pub struct Cluster {
     /// reachable: its own state before the start is unknown (`ClusterView::blind_since`).
     /// Cleared by the first whole answer to a pull, asked again every `pull_retry` until then.
     blind: bool,
+    /// The node keeps its counters on disk ([`Cluster::set_durable`]): never blind.
+    durable: bool,
     /// The pull of every peer's state after a removal, under way (`heirs.rs`).
     heir_pull: Option<heirs::HeirPull>,
     refused: u64,
@@ -160,6 +162,7 @@ impl Cluster {
             pulled_from: None,
             last_pull: now,
             blind: false,
+            durable: false,
             heir_pull: None,
             refused: 0,
             given_back_late: 0,
@@ -194,6 +197,15 @@ impl Cluster {
     /// do). Off by default: a region-mate gives the owner everything it does not use.
     pub fn set_local_first(&mut self, on: bool) {
         self.local_first = on;
+    }
+
+    /// Sets whether the node keeps its counters on disk (`node.data_dir`: a snapshot, restored
+    /// before it serves). Such a node is never *blind* when it starts with no peer reachable:
+    /// what it lost is what it admitted since its last snapshot (nothing, if it is new or
+    /// stopped cleanly), as for a single node. One that is not knows nothing of its last
+    /// process ([`ClusterView::blind_since`]). Call it before the first [`Cluster::handle_timeout`].
+    pub fn set_durable(&mut self, on: bool) {
+        self.durable = on;
     }
 
     /// This node.

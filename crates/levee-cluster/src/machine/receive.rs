@@ -99,10 +99,11 @@ impl Cluster {
                 self.note_batch(from, now);
                 self.merge_batch(from, batch, true, now, store);
             }
-            // A recovering node sends what it has but cannot vouch that it is complete.
+            // A recovering node sends what it has but cannot vouch that it is complete, nor
+            // can a blind one (what it has of itself may lack what it did before it started).
             // The list first: a node that starts must be bounded by the lists in play before
             // the state it pulls makes it synced (see `PullChunk`).
-            Message::PullRequest if self.synced => {
+            Message::PullRequest if self.synced && !self.blind => {
                 self.peer[i].queue_all(&*store, now, |_| true, true);
             }
             Message::PullRequest => {

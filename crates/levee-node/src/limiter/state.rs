@@ -35,9 +35,6 @@ pub struct Limiter {
     view: ArcSwap<ClusterView>,
     /// Threshold notices (`[[notify]]`), watched after each decision that takes something.
     pub(super) notices: Notices,
-    /// Counters were restored from a snapshot: this node knows what it did before it
-    /// started, up to the snapshot, so it is never blind ([`ClusterView::blind_since`]).
-    restored: std::sync::atomic::AtomicBool,
 }
 
 impl Limiter {
@@ -68,7 +65,6 @@ impl Limiter {
             metrics: NodeMetrics::new(),
             view: ArcSwap::from_pointee(view),
             notices: Notices::new(config),
-            restored: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -178,19 +174,8 @@ impl Limiter {
     }
 
     /// The cluster as decisions should see it (set by the replication after every event).
-    pub fn set_view(&self, mut view: ClusterView) {
-        if self.restored.load(std::sync::atomic::Ordering::Relaxed) {
-            view.blind_since = None;
-        }
+    pub fn set_view(&self, view: ClusterView) {
         self.view.store(Arc::new(view));
-    }
-
-    /// Notes that the counters were restored from a snapshot (before the node serves): the
-    /// usage it lost with its last process is at most what it admitted since that snapshot,
-    /// as for a single node, so it does not deny long windows when it starts cut off.
-    pub fn note_restored(&self) {
-        self.restored
-            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The cluster view decisions use now.

@@ -170,6 +170,8 @@ impl Replication {
             now,
         );
         state.set_local_first(cluster_cfg.local_first);
+        // The snapshot in `data_dir` is restored before the node serves.
+        state.set_durable(config.node.data_dir.is_some());
         let repl = Arc::new(Replication {
             routes: state.routes(),
             cluster: Mutex::new(state),
@@ -386,7 +388,7 @@ impl Replication {
                     host.limiter().set_view(view);
                     match (was_blind, host.limiter().view().blind_since.is_some()) {
                         (false, true) => tracing::warn!(
-                            "started without a snapshot and no peer is reachable to pull this \
+                            "started without a data_dir and no peer is reachable to pull this \
                              node's state from: what it admitted before it stopped is unknown, so \
                              it admits nothing of windows that may still count it (a day quota: \
                              until the day after next) until a peer answers"
