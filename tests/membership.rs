@@ -18,6 +18,10 @@ use serde_json::json;
 
 use harness::*;
 
+/// `levee_core::escrow::MAX_CLOCK_SKEW_MS`: a grown share waits for the window after next on
+/// the clock of a peer this far ahead.
+const MAX_CLOCK_SKEW_MS: u64 = 500;
+
 /// Two regions grow from one node each to three while every running node is overloaded, then
 /// shrink back (each pair leaves, is stopped, then marked removed in the list), all by reloading the
 /// list on the running nodes and starting the new ones: no restart of anyone. No window ever
@@ -119,9 +123,10 @@ fn a_cluster_grows_from_one_to_three_nodes_per_region_and_shrinks_back_under_loa
     ];
     c.change_list(&one, &[eu1, us1], true);
     c.wait_agreed(&[eu1, us1]);
-    // Shares that grow apply from the window after next (rights for the next window may
-    // have been handed over under the old shares already).
-    let settled = now_ms() / SECOND_MS + 2;
+    // Shares that grow apply from the window after next on the clock of a peer up to
+    // `max_clock_skew` ahead (rights for the next window may have been handed over under
+    // the old shares already; `Algorithm::shares_may_grow_at`).
+    let settled = (now_ms() + MAX_CLOCK_SKEW_MS) / SECOND_MS + 2;
     log.push(format!(
         "back to one per region, agreed at window {}",
         settled - 2
@@ -144,7 +149,8 @@ fn a_cluster_grows_from_one_to_three_nodes_per_region_and_shrinks_back_under_loa
             "window {w} was not overloaded: {t:?}"
         );
     }
-    // From the window after next once the last list is agreed, eu-1 and us-1 hold their
+    // From the window after next once the last list is agreed (on a clock `max_clock_skew`
+    // ahead), eu-1 and us-1 hold their
     // whole shares again.
     for w in settled..first + windows {
         let t = a.tally(w);
