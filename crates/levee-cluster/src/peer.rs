@@ -9,6 +9,10 @@ use levee_proto::{DeltaBatch, KeyEntry, Message};
 
 use crate::store::KeyStates;
 
+/// How many of a peer's latest batches [`PeerLink::last_words`] keeps: the last one or two
+/// are those a node killed while it sent may have delivered unevenly.
+pub(crate) const LAST_WORDS_BATCHES: usize = 4;
+
 /// Most keys in one message.
 pub const MAX_KEYS_PER_MESSAGE: usize = 256;
 /// Most keys of full states (pulls, anti-entropy, catch-ups) sent to one peer per gossip
@@ -98,6 +102,11 @@ pub(crate) struct PeerLink {
     pub(crate) told_removed: Millis,
     /// Its clock against this node's, from the times its batches carry.
     pub(crate) clock: ClockEstimate,
+    /// The ids of the keys of the last [`LAST_WORDS_BATCHES`] non-empty `Deltas` batches it
+    /// sent this node: if it goes silent, its last batches may have reached some peers and
+    /// not others (a node killed mid-send), and while those keys stay busy nothing else
+    /// repairs that; this node passes them on when it finds the peer down.
+    pub(crate) last_words: VecDeque<Vec<Vec<u8>>>,
 }
 
 /// How long a clock estimate from one batch is kept against later ones with a longer round
@@ -186,6 +195,7 @@ impl Default for PeerLink {
             pull_queued: false,
             budget: PUSH_KEYS_PER_TICK,
             missed: MissedKeys::NotTracked,
+            last_words: VecDeque::new(),
         }
     }
 }
@@ -223,6 +233,17 @@ impl PeerLink {
         let gap = (self.heard_ms > 0 && b.prev_ms > self.heard_ms).then_some(self.heard_ms);
         self.heard_ms = self.heard_ms.max(b.sent_at_ms);
         gap
+    }
+
+    /// Remembers the ids of a batch it sent this node ([`PeerLink::last_words`]).
+    pub(crate) fn heard_words(&mut self, ids: Vec<Vec<u8>>) {
+        if ids.is_empty() {
+            return;
+        }
+        if self.last_words.len() == LAST_WORDS_BATCHES {
+            self.last_words.pop_front();
+        }
+        self.last_words.push_back(ids);
     }
 
     /// Queues these keys' states, each unless it is already queued.

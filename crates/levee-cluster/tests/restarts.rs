@@ -152,5 +152,8 @@ fn a_node_that_keeps_its_counters_on_disk_is_not_blind_when_it_restarts_cut_off(
     let view = net.nodes[0].0.view();
     assert!(net.nodes[0].0.is_synced(), "not synced after suspect_after");
     assert_eq!(view.blind_since, None, "{view:?}");
-    assert!(net.decide(0, "acme"), "a durable node restarted cut off denied");
+    assert!(
+        net.decide(0, "acme"),
+        "a durable node restarted cut off denied"
+    );
 }

@@ -408,10 +408,14 @@ impl Cluster {
         }
         let before = self.reported_view.unreachable;
         for change in changes {
-            self.events.push_back(match change {
+            let event = match change {
                 Change::Up(n) => Event::PeerUp(n),
-                Change::Down(n) => Event::PeerDown(n),
-            });
+                Change::Down(n) => {
+                    self.pass_on_last_words(n);
+                    Event::PeerDown(n)
+                }
+            };
+            self.events.push_back(event);
         }
         self.rebuild_rings();
         let after = self.membership.unreachable_regions(&self.cfg.replicas);
@@ -420,6 +424,26 @@ impl Cluster {
                 (true, false) => self.events.push_back(Event::RegionReachable(r)),
                 (false, true) => self.events.push_back(Event::RegionUnreachable(r)),
                 _ => {}
+            }
+        }
+    }
+
+    /// `down` went silent: the keys of its last batches (`PeerLink::last_words`) go, whole,
+    /// to every other peer this node gossips with and hears. A node killed while it sent
+    /// may have reached some peers and not others, and while its keys stay busy (a
+    /// region-mate took them over) anti-entropy leaves them alone: the survivors' views of
+    /// them would differ for seconds (`tests/cluster.rs`, kill -9 of a key's owner: 313
+    /// against 314 for over 3 s).
+    fn pass_on_last_words(&mut self, down: NodeIdx) {
+        let words = std::mem::take(&mut self.peer[usize::from(down.0)].last_words);
+        if words.is_empty() {
+            return;
+        }
+        let ids: Vec<Vec<u8>> = words.into_iter().flatten().collect();
+        let links = self.gateways.links.clone();
+        for p in links {
+            if p != down && self.membership.is_reachable(p) {
+                self.peer[usize::from(p.0)].queue_states(ids.iter().cloned());
             }
         }
     }

@@ -309,23 +309,30 @@ impl Cluster {
     /// Merges a batch from `from`; with `relay`, keeps what it merged to relay to
     /// region-mates if `from` is of another region and this node gossips by regions (or
     /// `from` chose it as its gateway).
+    /// Merges a batch from `from`: its `Deltas` (`deltas`; relayed on to this node's region
+    /// if it is a gateway, and remembered as the peer's last words) or a pull answer.
     fn merge_batch(
         &mut self,
         from: NodeIdx,
         batch: DeltaBatch,
-        relay: bool,
+        deltas: bool,
         now: Millis,
         store: &mut dyn KeyStates,
     ) {
-        let relay = relay && self.relays_from(from, now);
+        let relay = deltas && self.relays_from(from, now);
+        let mut words = Vec::with_capacity(if deltas { batch.keys.len() } else { 0 });
         for k in batch.keys {
             // An identity longer than any node stores is refused before it is even looked up.
             if k.id.len() > MAX_ID_BYTES || store.merge(&k.id, &k.state, now).is_err() {
                 self.refused += 1;
             } else if relay {
+                words.push(k.id.clone());
                 self.gateways.relay.push((from, k));
+            } else if deltas {
+                words.push(k.id);
             }
         }
+        self.peer[usize::from(from.0)].heard_words(words);
     }
 
     /// Synced once the state pulled from a peer is complete and that peer's list was heard
