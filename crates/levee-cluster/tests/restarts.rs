@@ -2,13 +2,18 @@
 //! hear, not only the first to answer. Its last batch to one peer may have been lost just
 //! before it stopped (found by `levee-sim --scenario crashes`: seeds 389, 712, 1672, 3626 and
 //! 1991 admitted one to five checks above the limit of a window, the restarted node having
-//! pulled from a peer that lacked its last checks while another held them).
+//! pulled from a peer that lacked its last checks while another held them). It asks again
+//! when the answers are lost, a large pull is answered at a bounded pace, and a node that
+//! restarts with nobody to pull from and nothing on disk is blind until somebody answers.
 
 mod common;
 
-use common::{Net, TICK, replicas};
-use levee_core::RuleSpec;
+use common::{Net, T0, TICK, replicas, window_rule};
+use levee_cluster::memory::MemoryStates;
+use levee_cluster::{Cluster, ClusterConfig};
 use levee_core::calendar::CalendarPeriod;
+use levee_core::{NodeIdx, RuleSpec};
+use levee_proto::Message;
 use levee_testkit::net::Latency;
 
 #[test]
@@ -156,4 +161,125 @@ fn a_node_that_keeps_its_counters_on_disk_is_not_blind_when_it_restarts_cut_off(
         net.decide(0, "acme"),
         "a durable node restarted cut off denied"
     );
+}
+
+#[test]
+fn a_restarted_node_recovers_its_usage_from_its_peers_before_it_is_synced() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000);
+    net.start();
+    for _ in 0..40 {
+        net.decide(0, "acme");
+    }
+    net.run(2 * TICK);
+    // Node 0 crashes and restarts with nothing.
+    net.restart(0);
+    assert!(net.nodes[0].0.view().recovering);
+    assert!(
+        !net.decide(0, "acme"),
+        "a recovering strict node spends nothing"
+    );
+    net.flush();
+    net.run(50);
+    assert!(net.nodes[0].0.is_synced());
+    assert_eq!(
+        net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used,
+        40
+    );
+}
+
+#[test]
+fn a_restarted_node_asks_again_when_the_answers_to_its_pull_are_lost() {
+    let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
+        .validate()
+        .unwrap();
+    let mut net = Net::with_rule(replicas(&["eu", "us"], 1), rule);
+    net.start();
+    for _ in 0..25 {
+        net.decide(1, "acme");
+    }
+    net.run(2 * TICK);
+    net.restart(0);
+    // The peer hears the restarted node and answers its pull, but the answer is lost (its
+    // link was still backing off); heartbeats get through, so nothing looks wrong.
+    net.lose_pull_answers_until = net.now() + 200;
+    net.flush();
+    net.run(250);
+    assert!(!net.nodes[0].0.is_synced());
+    net.run(400);
+    assert!(
+        net.nodes[0].0.is_synced(),
+        "the pull was asked again and answered"
+    );
+    assert_eq!(
+        net.nodes[0].1.usage("r", "acme", net.now()).unwrap().used,
+        25
+    );
+}
+
+#[test]
+fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
+    use levee_cluster::PUSH_KEYS_PER_TICK;
+    let set = replicas(&["eu", "us"], 1);
+    let cfg = ClusterConfig {
+        me: NodeIdx(0),
+        replicas: set.clone(),
+        gossip_interval: TICK,
+        suspect_after: 300,
+        anti_entropy_interval: 200,
+        forward_timeout: 500,
+        tick_phase: 0,
+        topology: Default::default(),
+    };
+    let mut cluster = Cluster::new(cfg, T0);
+    // Its counters on disk: starting from what it has, it vouches for them (not blind).
+    cluster.set_durable(true);
+    let mut store = MemoryStates::new(NodeIdx(0), set, vec![window_rule(100)]);
+    let keys = 3 * PUSH_KEYS_PER_TICK + 100;
+    for k in 0..keys {
+        store.decide("r", &format!("k{k}"), 1, T0, cluster.view());
+    }
+    // Nobody answered its own pull within suspect_after: it starts from what it has.
+    let mut now = T0 + 320;
+    cluster.handle_timeout(now, &mut store);
+    assert!(cluster.is_synced());
+    while cluster.poll_transmit().is_some() {}
+    // Every key's state, counted per key, and the keys sent per step.
+    let mut seen = std::collections::BTreeMap::<Vec<u8>, usize>::new();
+    let mut done = 0;
+    // Keys of pull answers sent, counting `done`s.
+    let drain = |cluster: &mut Cluster,
+                 seen: &mut std::collections::BTreeMap<Vec<u8>, usize>,
+                 done: &mut usize| {
+        let mut n = 0;
+        while let Some(out) = cluster.poll_transmit() {
+            if let Message::PullChunk { batch, done: d } = out.msg {
+                n += batch.keys.len();
+                for k in batch.keys {
+                    *seen.entry(k.id).or_default() += 1;
+                }
+                *done += usize::from(d);
+            }
+        }
+        n
+    };
+    cluster.handle_message(NodeIdx(1), Message::PullRequest, now, &mut store);
+    assert!(drain(&mut cluster, &mut seen, &mut done) <= PUSH_KEYS_PER_TICK);
+    for _ in 0..10 {
+        now += TICK;
+        cluster.handle_timeout(now, &mut store);
+        let mut n = drain(&mut cluster, &mut seen, &mut done);
+        if done == 0 {
+            // The requester asks again meanwhile (its retry timer): the answer already
+            // under way is not repeated.
+            cluster.handle_message(NodeIdx(1), Message::PullRequest, now, &mut store);
+            n += drain(&mut cluster, &mut seen, &mut done);
+        }
+        assert!(n <= PUSH_KEYS_PER_TICK, "{n} keys in one interval");
+        if done == 1 {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), keys, "every key was sent");
+    assert!(seen.values().all(|&n| n == 1), "no key was sent twice");
+    assert_eq!(done, 1, "one answer, marked done once");
 }
