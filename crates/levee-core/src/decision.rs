@@ -18,8 +18,8 @@ pub struct ClusterView {
     /// what it consumed or gave away before), or a list in play removes it: it admits
     /// nothing.
     pub recovering: bool,
-    /// This node (re)started with no state of its own (no snapshot) and gave up waiting for
-    /// its peers' while none was reachable: what it admitted and gave away before, in
+    /// This node (re)started with nothing on disk (no `node.data_dir`) and gave up waiting
+    /// for its peers' state while none was reachable: what it admitted and gave away before, in
     /// windows that may still count, is unknown. Set to the time it started; until a peer's
     /// whole state reaches it, it admits nothing of a rule before the time a share that
     /// changed then could grow ([`crate::Algorithm::shares_may_grow_at`]: a fixed window's

@@ -330,8 +330,8 @@ impl ReplicaSet {
     /// This list (without floors) with every removed node back, at the weight `weight_of`
     /// gives it (`None`: its region's even weight): the list before its removals, as far as
     /// this list tells. A node that starts binds its shares no higher than under it, as a
-    /// running node does when a removal reaches it (docs/membership.md, "A node that
-    /// restarts after a removal"): every other node's share under it is no larger than
+    /// running node does when a removal reaches it (docs/membership.md, "What a removed
+    /// node held"): every other node's share under it is no larger than
     /// under this list, and the removed node's part goes to its heir only by what it left.
     pub fn before_removals(&self, weight_of: impl Fn(NodeIdx) -> Option<u32>) -> ReplicaSet {
         let (regions, nodes) = self.specs();

@@ -306,11 +306,10 @@ impl Cluster {
         }
     }
 
-    /// Merges a batch from `from`; with `relay`, keeps what it merged to relay to
-    /// region-mates if `from` is of another region and this node gossips by regions (or
-    /// `from` chose it as its gateway).
-    /// Merges a batch from `from`: its `Deltas` (`deltas`; relayed on to this node's region
-    /// if it is a gateway, and remembered as the peer's last words) or a pull answer.
+    /// Merges a batch from `from`: a pull answer, or its `Deltas` (`deltas`). Of `Deltas`,
+    /// keeps what it merged to relay to region-mates if `from` is of another region and
+    /// this node gossips by regions (or `from` chose it as its gateway), and remembers the
+    /// keys as the peer's last words (`PeerLink::last_words`).
     fn merge_batch(
         &mut self,
         from: NodeIdx,
