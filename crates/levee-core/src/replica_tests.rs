@@ -11,10 +11,15 @@ fn spec(id: &str, region: &str) -> ReplicaSpec {
 }
 
 fn three_by_two() -> ReplicaSet {
+    three_by_two_with_ap_weight(1)
+}
+
+/// Three regions of two nodes, `ap` weighing `ap` and the others 1.
+fn three_by_two_with_ap_weight(ap: u32) -> ReplicaSet {
     let regions = [
         ("eu".to_owned(), 1),
         ("us".to_owned(), 1),
-        ("ap".to_owned(), 1),
+        ("ap".to_owned(), ap),
     ];
     let nodes = [
         spec("eu-1", "eu"),
@@ -103,20 +108,7 @@ fn invalid_sets_name_the_problem() {
 #[test]
 fn digest_differs_when_the_list_differs() {
     let a = three_by_two();
-    let regions = [
-        ("eu".to_owned(), 1),
-        ("us".to_owned(), 1),
-        ("ap".to_owned(), 2),
-    ];
-    let nodes = [
-        spec("eu-1", "eu"),
-        spec("eu-2", "eu"),
-        spec("us-1", "us"),
-        spec("us-2", "us"),
-        spec("ap-1", "ap"),
-        spec("ap-2", "ap"),
-    ];
-    let b = ReplicaSet::new(&regions, &nodes).unwrap();
+    let b = three_by_two_with_ap_weight(2);
     assert_ne!(a.digest(), b.digest());
     assert_eq!(a.digest(), three_by_two().digest());
 }

@@ -34,6 +34,22 @@ impl Cluster {
         if !newly_removed {
             return;
         }
+        self.start_heir_pull(now);
+    }
+
+    /// A node that starts with removed nodes in its list counts what they left as if their
+    /// removal reached it now (a restart forgets its bequests; see `Rule::bind_no_higher`):
+    /// the whole state it pulls on starting settles them, once every peer it gossips with
+    /// answered.
+    pub(super) fn pull_after_start(&mut self, now: Millis) {
+        if self.cfg.replicas.has_removed() {
+            self.start_heir_pull(now);
+        }
+    }
+
+    /// (Re)starts the pull for the nodes removed in this node's list: no peer has answered
+    /// it yet; a synced node asks now (one that is starting asks with its own pull).
+    fn start_heir_pull(&mut self, now: Millis) {
         for p in &mut self.peer {
             p.heir_pulled = false;
         }
@@ -49,25 +65,6 @@ impl Cluster {
         });
         if self.synced {
             self.ask_heir_pull(now);
-        }
-    }
-
-    /// A node that starts with removed nodes in its list counts what they left as if their
-    /// removal reached it now (a restart forgets its bequests; see `Rule::bind_no_higher`):
-    /// the whole state it pulls on starting settles them, once every peer it gossips with
-    /// answered.
-    pub(super) fn pull_after_start(&mut self, now: Millis) {
-        let removed: Vec<NodeIdx> = self
-            .cfg
-            .replicas
-            .positions()
-            .filter(|&n| self.cfg.replicas.is_removed(n))
-            .collect();
-        if !removed.is_empty() {
-            self.heir_pull = Some(HeirPull {
-                asked: now,
-                removed,
-            });
         }
     }
 
