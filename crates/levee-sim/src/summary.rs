@@ -13,6 +13,9 @@ use crate::settle::{self, MembershipStats};
 /// Example runs kept per kind of violation.
 const EXAMPLES: usize = 5;
 
+/// Runs of lowest utilisation kept per policy, printed with the commands that replay them.
+pub const LOWEST_RUNS: usize = 5;
+
 /// A distribution of ratios, kept to 1/10,000.
 #[derive(Debug, Clone, Default)]
 pub struct Histogram {
@@ -111,6 +114,13 @@ fn keep_max(slot: &mut Option<Witness>, w: Witness) {
     }
 }
 
+/// Keeps `w` among the [`LOWEST_RUNS`] lowest values of `list` (lowest first, then lowest seed).
+fn keep_lowest(list: &mut Vec<Witness>, w: Witness) {
+    list.push(w);
+    list.sort_by(|a, b| a.value.total_cmp(&b.value).then(a.seed.cmp(&b.seed)));
+    list.truncate(LOWEST_RUNS);
+}
+
 fn keep_min(slot: &mut Option<Witness>, w: Witness) {
     if slot.is_none_or(|s| w.value < s.value || (w.value == s.value && w.seed < s.seed)) {
         *slot = Some(w);
@@ -132,6 +142,8 @@ pub struct PolicyStats {
     pub utilisation_by_scenario: BTreeMap<Scenario, Histogram>,
     /// The lowest utilisation of a single window (from the third on).
     pub worst_window: Option<Witness>,
+    /// The runs of lowest utilisation, lowest first (at most [`LOWEST_RUNS`]).
+    pub lowest_runs: Vec<Witness>,
     /// Agreement after heals.
     pub heals: Vec<HealFigure>,
 }
@@ -208,6 +220,7 @@ impl Summary {
                     .or_default()
                     .add(u);
                 keep_min(&mut stats.worst_window, witness(min_w));
+                keep_lowest(&mut stats.lowest_runs, witness(u));
             }
             stats.heals.extend(run.heals.iter().copied());
             if run.policy == Policy::Strict {
@@ -273,6 +286,9 @@ impl Summary {
             }
             if let Some(w) = s.worst_window {
                 keep_min(&mut mine.worst_window, w);
+            }
+            for w in s.lowest_runs {
+                keep_lowest(&mut mine.lowest_runs, w);
             }
             mine.heals.extend(s.heals);
         }
@@ -396,6 +412,21 @@ impl Summary {
                     w.scenario.name()
                 );
             }
+        }
+        if let Some(st) = self.policies.get(&Policy::Strict)
+            && !st.lowest_runs.is_empty()
+        {
+            let runs: Vec<String> = st
+                .lowest_runs
+                .iter()
+                .map(|w| format!("{:.4} (seed {} {})", w.value, w.seed, w.scenario.name()))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  lowest runs, {}: {}",
+                Policy::Strict.name(),
+                runs.join(", ")
+            );
         }
         for p in Policy::ALL {
             if let Some(w) = self.policies.get(&p).and_then(|st| st.worst) {
