@@ -74,7 +74,15 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             e.kind, e.start, e.heal, e.last_down, e.sides
         );
     }
-    let mut keys: Vec<u32> = vec![0];
+    // A mixed run counts a key in several buckets (`mixed::ledger_key`): each of the
+    // first key's.
+    let mut keys: Vec<u32> = if plan.mixed {
+        (0..crate::mixed::SLOTS)
+            .map(|slot| crate::mixed::ledger_key(plan, 0, slot))
+            .collect()
+    } else {
+        vec![0]
+    };
     if let Some(p) = plan.probe {
         keys.push(p);
     }
@@ -85,6 +93,20 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             }
         }
     }
+    let limit_of = |k: u32| {
+        if plan.mixed {
+            crate::mixed::bound_of(plan, k).0.limit
+        } else {
+            plan.limit
+        }
+    };
+    let name_of = |k: u32| {
+        if plan.mixed {
+            crate::mixed::bound_of(plan, k).1
+        } else {
+            plan.keys[k as usize].clone()
+        }
+    };
     for run in &outcome.runs {
         let _ = writeln!(s, "\n== {} ==", run.policy.name());
         if let Some(n) = run.net {
@@ -99,14 +121,14 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             let _ = writeln!(
                 s,
                 "key {}: {tokens} tokens admitted by a node that crashed at {at} ms were lost with it",
-                plan.keys[k as usize]
+                name_of(k)
             );
         }
         for &k in &keys {
             let _ = writeln!(
                 s,
                 "key {}: window | demand by region | admitted by region | total | /limit{}",
-                plan.keys[k as usize],
+                name_of(k),
                 match run.policy {
                     Policy::Strict => " | lost with crashes | not pulled back",
                     _ => "",
@@ -125,7 +147,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                     &b.demand[..r],
                     &b.admitted[..r],
                     b.admitted_total(),
-                    b.admitted_total() as f64 / plan.limit as f64,
+                    b.admitted_total() as f64 / limit_of(k) as f64,
                     extra
                 );
             }
