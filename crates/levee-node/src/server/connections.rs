@@ -266,17 +266,21 @@ impl Watched {
         (watched, watch)
     }
 
-    /// Whether `buf`, about to be written, is the head of an answer hyper made by itself.
-    fn is_hyper_answer(&mut self, buf: &[u8]) -> bool {
-        // An interim `100 Continue` is not an answer; a final head starts `HTTP/1.1 NNN `
-        // (the body of one of our answers is JSON or Prometheus text, never that).
-        if !buf.starts_with(b"HTTP/1.1 ") || buf.get(9) == Some(&b'1') {
-            return false;
-        }
-        self.heads = self.heads.wrapping_add(1);
-        // Every answer the service makes comes after its call; one head more than calls is
-        // hyper's own.
-        self.heads.wrapping_sub(self.calls.load(Ordering::Relaxed)) as i32 > 0
+    /// Whether `buf`, about to be written, starts a final answer head (`HTTP/1.1 NNN `; an
+    /// interim `100 Continue` is not an answer, and the body of one of our answers is JSON
+    /// or Prometheus text, never that).
+    fn starts_answer(buf: &[u8]) -> bool {
+        buf.starts_with(b"HTTP/1.1 ") && buf.get(9) != Some(&b'1')
+    }
+
+    /// Whether an answer head about to be written is one hyper made by itself: every answer
+    /// the service makes comes after its call, so a head beyond the calls is hyper's own.
+    /// (`heads` counts the heads already written, each once however many writes it took.)
+    fn is_hyper_answer(&self) -> bool {
+        self.heads
+            .wrapping_add(1)
+            .wrapping_sub(self.calls.load(Ordering::Relaxed)) as i32
+            > 0
     }
 }
 
@@ -346,7 +350,9 @@ impl tokio::io::AsyncWrite for Watched {
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         this.state.pending.store(0, Ordering::Relaxed);
-        if this.replacement.is_none() && this.is_hyper_answer(buf) {
+        let head = this.replacement.is_none() && Watched::starts_answer(buf);
+        if head && this.is_hyper_answer() {
+            this.heads = this.heads.wrapping_add(1);
             this.replacement = Some((parse_error_answer(buf), 0));
         }
         if let Some((answer, written)) = &mut this.replacement {
@@ -362,7 +368,14 @@ impl tokio::io::AsyncWrite for Watched {
             this.replacement = None;
             return Poll::Ready(Ok(buf.len()));
         }
-        Pin::new(&mut this.stream).poll_write(cx, buf)
+        let res = Pin::new(&mut this.stream).poll_write(cx, buf);
+        // A head counts once it is (partly) written: hyper offers it again after a
+        // `Pending` (the client not reading fast enough), and counting it at every offer
+        // took our own answer for hyper's and replaced it with a 400.
+        if head && matches!(res, Poll::Ready(Ok(n)) if n > 0) {
+            this.heads = this.heads.wrapping_add(1);
+        }
+        res
     }
 
     fn poll_write_vectored(
