@@ -211,8 +211,8 @@ impl HttpThreads {
 /// hyper writes by itself with an empty body and no hook to change them — into the API's JSON
 /// error answers: an answer head written when the service was not called for it (`calls`,
 /// counted by [`http::Api`]) is one of those, and is replaced whole by [`parse_error_answer`].
-struct Watched {
-    stream: tokio::net::TcpStream,
+struct Watched<S = tokio::net::TcpStream> {
+    stream: S,
     state: Arc<ConnState>,
     calls: Arc<AtomicU32>,
     /// Final answer heads written so far.
@@ -252,8 +252,8 @@ impl Expired {
     }
 }
 
-impl Watched {
-    fn new(stream: tokio::net::TcpStream, calls: Arc<AtomicU32>) -> (Watched, Pending) {
+impl<S> Watched<S> {
+    fn new(stream: S, calls: Arc<AtomicU32>) -> (Watched<S>, Pending) {
         let state = Arc::new(ConnState::default());
         let watch = Pending(Arc::clone(&state));
         let watched = Watched {
@@ -323,7 +323,7 @@ impl Pending {
     }
 }
 
-impl tokio::io::AsyncRead for Watched {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -342,7 +342,7 @@ impl tokio::io::AsyncRead for Watched {
     }
 }
 
-impl tokio::io::AsyncWrite for Watched {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -350,7 +350,7 @@ impl tokio::io::AsyncWrite for Watched {
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         this.state.pending.store(0, Ordering::Relaxed);
-        let head = this.replacement.is_none() && Watched::starts_answer(buf);
+        let head = this.replacement.is_none() && Watched::<S>::starts_answer(buf);
         if head && this.is_hyper_answer() {
             this.heads = this.heads.wrapping_add(1);
             this.replacement = Some((parse_error_answer(buf), 0));
@@ -469,6 +469,65 @@ per = "1s"
 burst = 1000
 key_from = "header:x-key"
 "#;
+
+    /// A writer that answers `Pending` to the first write offered, then takes everything.
+    struct SlowOnce {
+        written: Vec<u8>,
+        refused: bool,
+    }
+
+    impl tokio::io::AsyncWrite for SlowOnce {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            if !self.refused {
+                self.refused = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.written.extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_head_offered_again_after_pending_is_written_as_is() {
+        // Writes all of `buf` as hyper does: offering what is left until it is taken.
+        async fn write_all(w: &mut Watched<SlowOnce>, mut buf: &[u8]) {
+            use tokio::io::AsyncWrite;
+            while !buf.is_empty() {
+                let n = std::future::poll_fn(|cx| Pin::new(&mut *w).poll_write(cx, buf))
+                    .await
+                    .unwrap();
+                buf = &buf[n..];
+            }
+        }
+        let calls = Arc::new(AtomicU32::new(0));
+        let slow = SlowOnce {
+            written: Vec::new(),
+            refused: false,
+        };
+        let (mut w, _pending) = Watched::new(slow, Arc::clone(&calls));
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        for _ in 0..2 {
+            // The service was called for each answer.
+            calls.fetch_add(1, Ordering::Relaxed);
+            write_all(&mut w, answer).await;
+        }
+        assert_eq!(w.stream.written, [&answer[..], &answer[..]].concat());
+        // An answer head with no call behind it is hyper's own, and is replaced.
+        write_all(&mut w, b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+        let text = String::from_utf8_lossy(&w.stream.written).into_owned();
+        assert!(text.ends_with("}") && text.contains("invalid_request"), "{text}");
+    }
 
     const REQUEST: &[u8] = b"GET /v1/authz/r HTTP/1.1\r\nhost: t\r\nx-key: k\r\n\r\n";
 
