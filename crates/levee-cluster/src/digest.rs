@@ -143,19 +143,75 @@ pub fn digest_message(hashes: Vec<u64>) -> Digest {
     }
 }
 
-/// Buckets whose hashes differ (or that only one side has), sorted.
-pub(crate) fn differing(mine: &Digest, theirs: &Digest) -> Vec<u32> {
-    // Both digests are checked (`well_formed`): indices below `DIGEST_BUCKETS`, so each is
-    // laid out by index once and compared bucket by bucket.
-    let spread = |d: &Digest| {
-        let mut by_bucket = vec![0u64; DIGEST_BUCKETS as usize];
-        for &(b, h) in &d.hashes {
-            if let Some(x) = by_bucket.get_mut(b as usize) {
-                *x = h;
+/// How many digests in a row from one peer may find a bucket different while the peer's
+/// side of it keeps changing before the bucket is repaired anyway: under load that never
+/// pauses, what the batch chain lost is still repaired, a few rounds late.
+pub const MAX_BUSY_ROUNDS: u8 = 8;
+
+/// What this node remembers of one peer's digests, to tell a bucket that differs because
+/// changes are in flight from one that differs because something was lost.
+///
+/// Under steady load nearly every bucket differs at every round: its hash moves with every
+/// change on the way between the two nodes. Repairing it then sends every quiet key of the
+/// bucket, which both nodes hold alike (with 1,000,000 keys and 2,000 decisions a second, 26
+/// keys repaired per decision; docs/benchmarks.md). A bucket the peer did not change since
+/// its previous digest has nothing of the peer's in flight: a difference there is real. A
+/// bucket the peer keeps changing is repaired once it pauses, or after
+/// [`MAX_BUSY_ROUNDS`] rounds.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PeerDigests {
+    /// The peer's last digest, by bucket (empty before its first).
+    last: Vec<u64>,
+    /// For each bucket, the rounds in a row it differed while the peer changed it.
+    busy: Vec<u8>,
+}
+
+impl PeerDigests {
+    /// Of the buckets `differ` (sorted) where `theirs` differs from this node's digest, those
+    /// to repair now; remembers `theirs`. Before any digest of the peer, all of them.
+    pub(crate) fn to_repair(&mut self, theirs: &Digest, differ: Vec<u32>) -> Vec<u32> {
+        let now = spread(theirs);
+        if self.last.len() != now.len() {
+            self.busy = vec![0; now.len()];
+            self.last = now;
+            return differ;
+        }
+        let mut keep = Vec::with_capacity(differ.len());
+        let mut next = differ.iter().peekable();
+        for b in 0..now.len() {
+            let differs = next.next_if(|&&d| d as usize == b).is_some();
+            if !differs {
+                self.busy[b] = 0;
+                continue;
+            }
+            if self.last[b] == now[b] || self.busy[b] >= MAX_BUSY_ROUNDS {
+                self.busy[b] = 0;
+                keep.push(b as u32);
+            } else {
+                self.busy[b] += 1;
             }
         }
-        by_bucket
-    };
+        self.last = now;
+        keep
+    }
+}
+
+/// A digest laid out by bucket index (0 for a bucket it leaves out: an empty one). Indices
+/// are below [`DIGEST_BUCKETS`] in a checked digest (`well_formed`).
+fn spread(d: &Digest) -> Vec<u64> {
+    let mut by_bucket = vec![0u64; DIGEST_BUCKETS as usize];
+    for &(b, h) in &d.hashes {
+        if let Some(x) = by_bucket.get_mut(b as usize) {
+            *x = h;
+        }
+    }
+    by_bucket
+}
+
+/// Buckets whose hashes differ (or that only one side has), sorted.
+pub(crate) fn differing(mine: &Digest, theirs: &Digest) -> Vec<u32> {
+    // Both digests are checked (`well_formed`): each is laid out by index once and compared
+    // bucket by bucket.
     let (a, b) = (spread(mine), spread(theirs));
     (0..DIGEST_BUCKETS)
         .filter(|&i| a[i as usize] != b[i as usize])

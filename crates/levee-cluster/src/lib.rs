@@ -79,8 +79,8 @@ mod routing;
 mod store;
 
 pub use digest::{
-    DIGEST_BUCKETS, DigestBuckets, Fingerprints, bucket_of, digest_message, key_fingerprint,
-    key_hash,
+    DIGEST_BUCKETS, DigestBuckets, Fingerprints, MAX_BUSY_ROUNDS, bucket_of, digest_message,
+    key_fingerprint, key_hash,
 };
 pub use event::{Event, ForwardId};
 pub use lists::{Lists, MAX_UNAGREED, PeerState, Report};

@@ -107,6 +107,8 @@ pub(crate) struct PeerLink {
     /// not others (a node killed mid-send), and while those keys stay busy nothing else
     /// repairs that; this node passes them on when it finds the peer down.
     pub(crate) last_words: VecDeque<Vec<Vec<u8>>>,
+    /// Its anti-entropy digests, to repair only buckets where something was lost.
+    pub(crate) digests: crate::digest::PeerDigests,
 }
 
 /// How long a clock estimate from one batch is kept against later ones with a longer round
@@ -196,6 +198,7 @@ impl Default for PeerLink {
             budget: PUSH_KEYS_PER_TICK,
             missed: MissedKeys::NotTracked,
             last_words: VecDeque::new(),
+            digests: Default::default(),
         }
     }
 }

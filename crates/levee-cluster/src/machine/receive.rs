@@ -130,7 +130,9 @@ impl Cluster {
             Message::Digest(d) if !well_formed(&d) => self.refused += 1,
             Message::Digest(d) if self.peer[i].queue_is_empty() => {
                 let mine = digest_message(store.digest(now));
-                let mut differ = differing(&mine, &d);
+                let differ = differing(&mine, &d);
+                // Only buckets where something was lost, not changes in flight.
+                let mut differ = self.peer[i].digests.to_repair(&d, differ);
                 if differ.len() > MAX_REPAIR_BUCKETS {
                     // A bounded repair per round, starting at a different bucket each time.
                     let start = self.ae_cursor % differ.len();

@@ -524,9 +524,16 @@ key_from = "header:x-key"
         }
         assert_eq!(w.stream.written, [&answer[..], &answer[..]].concat());
         // An answer head with no call behind it is hyper's own, and is replaced.
-        write_all(&mut w, b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+        write_all(
+            &mut w,
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
         let text = String::from_utf8_lossy(&w.stream.written).into_owned();
-        assert!(text.ends_with("}") && text.contains("invalid_request"), "{text}");
+        assert!(
+            text.ends_with("}") && text.contains("invalid_request"),
+            "{text}"
+        );
     }
 
     const REQUEST: &[u8] = b"GET /v1/authz/r HTTP/1.1\r\nhost: t\r\nx-key: k\r\n\r\n";
