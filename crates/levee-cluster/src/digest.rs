@@ -169,29 +169,31 @@ pub(crate) struct PeerDigests {
 impl PeerDigests {
     /// Of the buckets `differ` (sorted) where `theirs` differs from this node's digest, those
     /// to repair now; remembers `theirs`. Before any digest of the peer, all of them.
-    pub(crate) fn to_repair(&mut self, theirs: &Digest, differ: Vec<u32>) -> Vec<u32> {
-        let now = spread(theirs);
-        if self.last.len() != now.len() {
-            self.busy = vec![0; now.len()];
-            self.last = now;
+    pub(crate) fn worth_repairing(&mut self, theirs: &Digest, differ: Vec<u32>) -> Vec<u32> {
+        let seen = spread(theirs);
+        if self.last.len() != seen.len() {
+            self.busy = vec![0; seen.len()];
+            self.last = seen;
             return differ;
         }
         let mut keep = Vec::with_capacity(differ.len());
         let mut next = differ.iter().peekable();
-        for b in 0..now.len() {
-            let differs = next.next_if(|&&d| d as usize == b).is_some();
-            if !differs {
-                self.busy[b] = 0;
-                continue;
-            }
-            if self.last[b] == now[b] || self.busy[b] >= MAX_BUSY_ROUNDS {
-                self.busy[b] = 0;
+        for (b, (busy, (last, theirs))) in self
+            .busy
+            .iter_mut()
+            .zip(self.last.iter().zip(&seen))
+            .enumerate()
+        {
+            if next.next_if(|&&d| d as usize == b).is_none() {
+                *busy = 0;
+            } else if last == theirs || *busy >= MAX_BUSY_ROUNDS {
+                *busy = 0;
                 keep.push(b as u32);
             } else {
-                self.busy[b] += 1;
+                *busy += 1;
             }
         }
-        self.last = now;
+        self.last = seen;
         keep
     }
 }
