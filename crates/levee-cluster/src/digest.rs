@@ -144,8 +144,9 @@ pub fn digest_message(hashes: Vec<u64>) -> Digest {
 }
 
 /// How many digests in a row from one peer may find a bucket different while the peer's
-/// side of it keeps changing before the bucket is repaired anyway: under load that never
-/// pauses, what the batch chain lost is still repaired, a few rounds late.
+/// side of it keeps changing before the bucket may be repaired anyway (one such bucket per
+/// digest, [`PeerDigests::worth_repairing`]): under load that never pauses, what the batch
+/// chain lost is still repaired, late.
 pub const MAX_BUSY_ROUNDS: u8 = 8;
 
 /// What this node remembers of one peer's digests, to tell a bucket that differs because
@@ -156,19 +157,25 @@ pub const MAX_BUSY_ROUNDS: u8 = 8;
 /// bucket, which both nodes hold alike (with 1,000,000 keys and 2,000 decisions a second, 26
 /// keys repaired per decision; docs/benchmarks.md). A bucket the peer did not change since
 /// its previous digest has nothing of the peer's in flight: a difference there is real. A
-/// bucket the peer keeps changing is repaired once it pauses, or after
-/// [`MAX_BUSY_ROUNDS`] rounds.
+/// bucket the peer keeps changing is repaired once it pauses, or once it has been busy for
+/// [`MAX_BUSY_ROUNDS`] digests, one such bucket per digest (in turn, so that each comes
+/// within `MAX_BUSY_ROUNDS` + [`DIGEST_BUCKETS`] digests however busy every bucket is).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PeerDigests {
     /// The peer's last digest, by bucket (empty before its first).
     last: Vec<u64>,
-    /// For each bucket, the rounds in a row it differed while the peer changed it.
+    /// For each bucket, the digests in a row that found it different while the peer changed
+    /// it.
     busy: Vec<u8>,
+    /// Where the round robin over overdue buckets goes on from.
+    turn: u32,
 }
 
 impl PeerDigests {
     /// Of the buckets `differ` (sorted) where `theirs` differs from this node's digest, those
-    /// to repair now; remembers `theirs`. Before any digest of the peer, all of them.
+    /// to repair now, sorted: every one the peer held still since its previous digest, and of
+    /// those busy for [`MAX_BUSY_ROUNDS`] digests one, round robin. Remembers `theirs`.
+    /// Before any digest of the peer, all of them.
     pub(crate) fn worth_repairing(&mut self, theirs: &Digest, differ: Vec<u32>) -> Vec<u32> {
         let seen = spread(theirs);
         if self.last.len() != seen.len() {
@@ -177,8 +184,9 @@ impl PeerDigests {
             return differ;
         }
         let mut keep = Vec::with_capacity(differ.len());
+        let mut overdue = Vec::new();
         let mut next = differ.iter().peekable();
-        for (b, (busy, (last, theirs))) in self
+        for (b, (busy, (last, now))) in self
             .busy
             .iter_mut()
             .zip(self.last.iter().zip(&seen))
@@ -186,12 +194,22 @@ impl PeerDigests {
         {
             if next.next_if(|&&d| d as usize == b).is_none() {
                 *busy = 0;
-            } else if last == theirs || *busy >= MAX_BUSY_ROUNDS {
+            } else if last == now {
                 *busy = 0;
                 keep.push(b as u32);
+            } else if *busy >= MAX_BUSY_ROUNDS {
+                overdue.push(b as u32);
             } else {
                 *busy += 1;
             }
+        }
+        // The first overdue bucket from the turn on, cyclically.
+        let after = overdue.iter().copied().find(|&b| b >= self.turn);
+        if let Some(b) = after.or(overdue.first().copied()) {
+            self.busy[b as usize] = 0;
+            self.turn = b + 1;
+            keep.push(b);
+            keep.sort_unstable();
         }
         self.last = seen;
         keep
