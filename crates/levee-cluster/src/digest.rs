@@ -156,14 +156,18 @@ pub const MAX_BUSY_ROUNDS: u8 = 8;
 /// change on the way between the two nodes. Repairing it then sends every quiet key of the
 /// bucket, which both nodes hold alike (with 1,000,000 keys and 2,000 decisions a second, 26
 /// keys repaired per decision; docs/benchmarks.md). A bucket the peer did not change since
-/// its previous digest has nothing of the peer's in flight: a difference there is real. A
-/// bucket the peer keeps changing is repaired once it pauses, or once it has been busy for
+/// its previous digest has nothing of the peer's in flight, and one this node did not change
+/// since it compared that digest has nothing of this node's: a difference in a bucket both
+/// held still is real. A bucket either keeps changing is repaired once it pauses, or once it
+/// has been busy for
 /// [`MAX_BUSY_ROUNDS`] digests, one such bucket per digest (in turn, so that each comes
 /// within `MAX_BUSY_ROUNDS` + [`DIGEST_BUCKETS`] digests however busy every bucket is).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PeerDigests {
     /// The peer's last digest, by bucket (empty before its first).
     last: Vec<u64>,
+    /// This node's digest when it compared that one.
+    mine: Vec<u64>,
     /// For each bucket, the digests in a row that found it different while the peer changed
     /// it.
     busy: Vec<u8>,
@@ -172,15 +176,22 @@ pub(crate) struct PeerDigests {
 }
 
 impl PeerDigests {
-    /// Of the buckets `differ` (sorted) where `theirs` differs from this node's digest, those
-    /// to repair now, sorted: every one the peer held still since its previous digest, and of
-    /// those busy for [`MAX_BUSY_ROUNDS`] digests one, round robin. Remembers `theirs`.
-    /// Before any digest of the peer, all of them.
-    pub(crate) fn worth_repairing(&mut self, theirs: &Digest, differ: Vec<u32>) -> Vec<u32> {
+    /// Of the buckets `differ` (sorted) where `theirs` differs from `mine`, this node's
+    /// digest, those to repair now, sorted: every one both sides held still since the peer's
+    /// previous digest, and of those busy for [`MAX_BUSY_ROUNDS`] digests one, round robin.
+    /// Remembers both digests. Before any digest of the peer, all of them.
+    pub(crate) fn worth_repairing(
+        &mut self,
+        mine: &Digest,
+        theirs: &Digest,
+        differ: Vec<u32>,
+    ) -> Vec<u32> {
         let seen = spread(theirs);
-        if self.last.len() != seen.len() {
+        let ours = spread(mine);
+        if self.last.len() != seen.len() || self.mine.len() != ours.len() {
             self.busy = vec![0; seen.len()];
             self.last = seen;
+            self.mine = ours;
             return differ;
         }
         let mut keep = Vec::with_capacity(differ.len());
@@ -194,7 +205,7 @@ impl PeerDigests {
         {
             if next.next_if(|&&d| d as usize == b).is_none() {
                 *busy = 0;
-            } else if last == now {
+            } else if last == now && self.mine[b] == ours[b] {
                 *busy = 0;
                 keep.push(b as u32);
             } else if *busy >= MAX_BUSY_ROUNDS {
@@ -212,6 +223,7 @@ impl PeerDigests {
             keep.sort_unstable();
         }
         self.last = seen;
+        self.mine = ours;
         keep
     }
 }

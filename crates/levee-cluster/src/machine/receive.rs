@@ -132,7 +132,7 @@ impl Cluster {
                 let mine = digest_message(store.digest(now));
                 let differ = differing(&mine, &d);
                 // Only buckets where something was lost, not changes in flight.
-                let mut differ = self.peer[i].digests.worth_repairing(&d, differ);
+                let mut differ = self.peer[i].digests.worth_repairing(&mine, &d, differ);
                 if differ.len() > MAX_REPAIR_BUCKETS {
                     // A bounded repair per round, starting at a different bucket each time.
                     let start = self.ae_cursor % differ.len();
