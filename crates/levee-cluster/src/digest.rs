@@ -143,10 +143,10 @@ pub fn digest_message(hashes: Vec<u64>) -> Digest {
     }
 }
 
-/// How many digests in a row from one peer may find a bucket different while the peer's
-/// side of it keeps changing before the bucket may be repaired anyway (one such bucket per
-/// digest, [`PeerDigests::worth_repairing`]): under load that never pauses, what the batch
-/// chain lost is still repaired, late.
+/// How many digests in a row from one peer may find a bucket different while either side
+/// of it keeps changing before the bucket may be repaired anyway (one such bucket per digest,
+/// [`PeerDigests::worth_repairing`]): under load that never pauses, what the batch chain
+/// lost is still repaired, late.
 pub const MAX_BUSY_ROUNDS: u8 = 8;
 
 /// What this node remembers of one peer's digests, to tell a bucket that differs because
@@ -158,54 +158,42 @@ pub const MAX_BUSY_ROUNDS: u8 = 8;
 /// keys repaired per decision; docs/benchmarks.md). A bucket the peer did not change since
 /// its previous digest has nothing of the peer's in flight, and one this node did not change
 /// since it compared that digest has nothing of this node's: a difference in a bucket both
-/// held still is real. A bucket either keeps changing is repaired once it pauses, or once it
-/// has been busy for
-/// [`MAX_BUSY_ROUNDS`] digests, one such bucket per digest (in turn, so that each comes
-/// within `MAX_BUSY_ROUNDS` + [`DIGEST_BUCKETS`] digests however busy every bucket is).
+/// held still is real. A bucket either side keeps changing is repaired once it pauses, or
+/// once it has been busy for [`MAX_BUSY_ROUNDS`] digests, one such bucket per digest (in
+/// turn, so that each comes within `MAX_BUSY_ROUNDS` + [`DIGEST_BUCKETS`] digests however
+/// busy every bucket is).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PeerDigests {
     /// The peer's last digest, by bucket (empty before its first).
-    last: Vec<u64>,
+    theirs: Vec<u64>,
     /// This node's digest when it compared that one.
     mine: Vec<u64>,
-    /// For each bucket, the digests in a row that found it different while the peer changed
-    /// it.
+    /// For each bucket, the digests in a row that found it different while either side
+    /// changed it.
     busy: Vec<u8>,
     /// Where the round robin over overdue buckets goes on from.
     turn: u32,
 }
 
 impl PeerDigests {
-    /// Of the buckets `differ` (sorted) where `theirs` differs from `mine`, this node's
-    /// digest, those to repair now, sorted: every one both sides held still since the peer's
-    /// previous digest, and of those busy for [`MAX_BUSY_ROUNDS`] digests one, round robin.
-    /// Remembers both digests. Before any digest of the peer, all of them.
-    pub(crate) fn worth_repairing(
-        &mut self,
-        mine: &Digest,
-        theirs: &Digest,
-        differ: Vec<u32>,
-    ) -> Vec<u32> {
-        let seen = spread(theirs);
-        let ours = spread(mine);
-        if self.last.len() != seen.len() || self.mine.len() != ours.len() {
-            self.busy = vec![0; seen.len()];
-            self.last = seen;
-            self.mine = ours;
-            return differ;
+    /// The buckets where the peer's digest `theirs` differs from `mine`, this node's, to
+    /// repair now, sorted: every one both sides held still since the peer's previous digest,
+    /// and of those busy for [`MAX_BUSY_ROUNDS`] digests one, round robin. Before any digest
+    /// of the peer, every one that differs. Remembers both digests. (Both are checked,
+    /// `well_formed`: each is laid out by index once and compared bucket by bucket.)
+    pub(crate) fn worth_repairing(&mut self, mine: &Digest, theirs: &Digest) -> Vec<u32> {
+        let (mine, theirs) = (spread(mine), spread(theirs));
+        let first = self.theirs.is_empty();
+        if first {
+            self.busy = vec![0; theirs.len()];
         }
-        let mut keep = Vec::with_capacity(differ.len());
+        let mut keep = Vec::new();
         let mut overdue = Vec::new();
-        let mut next = differ.iter().peekable();
-        for (b, (busy, (last, now))) in self
-            .busy
-            .iter_mut()
-            .zip(self.last.iter().zip(&seen))
-            .enumerate()
-        {
-            if next.next_if(|&&d| d as usize == b).is_none() {
+        for b in 0..theirs.len() {
+            let busy = &mut self.busy[b];
+            if mine[b] == theirs[b] {
                 *busy = 0;
-            } else if last == now && self.mine[b] == ours[b] {
+            } else if first || (self.theirs[b] == theirs[b] && self.mine[b] == mine[b]) {
                 *busy = 0;
                 keep.push(b as u32);
             } else if *busy >= MAX_BUSY_ROUNDS {
@@ -222,14 +210,13 @@ impl PeerDigests {
             keep.push(b);
             keep.sort_unstable();
         }
-        self.last = seen;
-        self.mine = ours;
+        (self.mine, self.theirs) = (mine, theirs);
         keep
     }
 }
 
-/// A digest laid out by bucket index (0 for a bucket it leaves out: an empty one). Indices
-/// are below [`DIGEST_BUCKETS`] in a checked digest (`well_formed`).
+/// A digest laid out by bucket index (0 for a bucket it leaves out: an empty one), over
+/// [`DIGEST_BUCKETS`] buckets: an index beyond them (not in a checked digest) is ignored.
 fn spread(d: &Digest) -> Vec<u64> {
     let mut by_bucket = vec![0u64; DIGEST_BUCKETS as usize];
     for &(b, h) in &d.hashes {
@@ -238,16 +225,6 @@ fn spread(d: &Digest) -> Vec<u64> {
         }
     }
     by_bucket
-}
-
-/// Buckets whose hashes differ (or that only one side has), sorted.
-pub(crate) fn differing(mine: &Digest, theirs: &Digest) -> Vec<u32> {
-    // Both digests are checked (`well_formed`): each is laid out by index once and compared
-    // bucket by bucket.
-    let (a, b) = (spread(mine), spread(theirs));
-    (0..DIGEST_BUCKETS)
-        .filter(|&i| a[i as usize] != b[i as usize])
-        .collect()
 }
 
 /// Whether a peer's digest is one this node could have sent: cut into [`DIGEST_BUCKETS`]

@@ -21,49 +21,58 @@ fn id(key: &str) -> Vec<u8> {
     id
 }
 
-/// The keys node 0 sends node 1 in answer to two digests in a row (the peer's side held
-/// still) that differ from its own exactly in the buckets of `keys`.
-fn repaired(net: &mut Net, keys: &[&str]) -> Vec<Vec<u8>> {
+/// What node 0 sends node 1 in answer to each of `digests` from it, one by one.
+fn answers(net: &mut Net, digests: &[Vec<u64>]) -> Vec<Vec<Message>> {
     let now = net.now();
     let (cluster, store) = &mut net.nodes[0];
-    let mut hashes = store.digest(now);
+    let mut out = Vec::new();
+    for d in digests {
+        let digest = Message::Digest(digest_message(d.clone()));
+        cluster.handle_message(NodeIdx(1), digest, now, store);
+        let mut sent = Vec::new();
+        while let Some(o) = cluster.poll_transmit() {
+            if o.to.0 == 1 {
+                sent.push(o.msg);
+            }
+        }
+        out.push(sent);
+    }
+    out
+}
+
+/// The keys node 0 sends node 1 in answer to two digests in a row (both sides held still)
+/// that differ from its own exactly in the buckets of `keys`.
+fn repaired(net: &mut Net, keys: &[&str]) -> Vec<Vec<u8>> {
+    let now = net.now();
+    let mut hashes = net.nodes[0].1.digest(now);
     for k in keys {
         hashes[bucket_of(&id(k), DIGEST_BUCKETS) as usize] ^= 0x5eed;
     }
-    let digest = digest_message(hashes);
     let mut sent = Vec::new();
-    for _ in 0..2 {
-        cluster.handle_message(NodeIdx(1), Message::Digest(digest.clone()), now, store);
-        while let Some(o) = cluster.poll_transmit() {
-            if let (1, Message::Deltas(b) | Message::PullChunk { batch: b, .. }) = (o.to.0, o.msg) {
-                sent.extend(b.keys.into_iter().map(|k| k.id));
-            }
+    for msg in answers(net, &[hashes.clone(), hashes])
+        .into_iter()
+        .flatten()
+    {
+        if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = msg {
+            sent.extend(b.keys.into_iter().map(|k| k.id));
         }
     }
     sent
 }
 
-/// The bucket requests node 0 sends node 1 in answer to `digests` from it, one by one.
+/// The buckets node 0 asks node 1 for in answer to each of `digests` from it.
 fn asked(net: &mut Net, digests: &[Vec<u64>]) -> Vec<Vec<u32>> {
-    let now = net.now();
-    let (cluster, store) = &mut net.nodes[0];
-    let mut out = Vec::new();
-    for d in digests {
-        cluster.handle_message(
-            NodeIdx(1),
-            Message::Digest(digest_message(d.clone())),
-            now,
-            store,
-        );
-        let mut wanted = Vec::new();
-        while let Some(o) = cluster.poll_transmit() {
-            if let (1, Message::BucketRequest { wanted: w, .. }) = (o.to.0, o.msg) {
-                wanted.extend(w);
-            }
-        }
-        out.push(wanted);
-    }
-    out
+    answers(net, digests)
+        .into_iter()
+        .map(|sent| {
+            sent.into_iter()
+                .flat_map(|msg| match msg {
+                    Message::BucketRequest { wanted, .. } => wanted,
+                    _ => Vec::new(),
+                })
+                .collect()
+        })
+        .collect()
 }
 
 #[test]

@@ -93,18 +93,13 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             }
         }
     }
-    let limit_of = |k: u32| {
+    // Each ledger key's name and limit (a mixed run's buckets have their own).
+    let bound = |k: u32| {
         if plan.mixed {
-            crate::mixed::bound_of(plan, k).0.limit
+            let (b, name) = crate::mixed::bound_of(plan, k);
+            (name, b.limit)
         } else {
-            plan.limit
-        }
-    };
-    let name_of = |k: u32| {
-        if plan.mixed {
-            crate::mixed::bound_of(plan, k).1
-        } else {
-            plan.keys[k as usize].clone()
+            (plan.keys[k as usize].clone(), plan.limit)
         }
     };
     for run in &outcome.runs {
@@ -121,14 +116,14 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             let _ = writeln!(
                 s,
                 "key {}: {tokens} tokens admitted by a node that crashed at {at} ms were lost with it",
-                name_of(k)
+                bound(k).0
             );
         }
         for &k in &keys {
             let _ = writeln!(
                 s,
                 "key {}: window | demand by region | admitted by region | total | /limit{}",
-                name_of(k),
+                bound(k).0,
                 match run.policy {
                     Policy::Strict => " | lost with crashes | not pulled back",
                     _ => "",
@@ -147,7 +142,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
                     &b.demand[..r],
                     &b.admitted[..r],
                     b.admitted_total(),
-                    b.admitted_total() as f64 / limit_of(k) as f64,
+                    b.admitted_total() as f64 / bound(k).1 as f64,
                     extra
                 );
             }

@@ -419,7 +419,14 @@ impl Summary {
             let runs: Vec<String> = st
                 .lowest_runs
                 .iter()
-                .map(|w| format!("{:.4} (seed {} {})", w.value, w.seed, w.scenario.name()))
+                .map(|w| {
+                    format!(
+                        "{:.4} (--seed {} --scenario {})",
+                        w.value,
+                        w.seed,
+                        w.scenario.name()
+                    )
+                })
                 .collect();
             let _ = writeln!(
                 s,

@@ -7,7 +7,7 @@ use levee_core::{Millis, NodeIdx};
 use levee_proto::{DeltaBatch, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID_BYTES, Message};
 
 use super::{Cluster, MAX_REPAIR_BUCKETS, Topology};
-use crate::digest::{bucket_of, differing, digest_message, well_formed};
+use crate::digest::{bucket_of, digest_message, well_formed};
 use crate::event::Event;
 use crate::forward::Answer;
 use crate::peer::{MAX_KEYS_PER_MESSAGE, batch};
@@ -130,9 +130,9 @@ impl Cluster {
             Message::Digest(d) if !well_formed(&d) => self.refused += 1,
             Message::Digest(d) if self.peer[i].queue_is_empty() => {
                 let mine = digest_message(store.digest(now));
-                let differ = differing(&mine, &d);
-                // Only buckets where something was lost, not changes in flight.
-                let mut differ = self.peer[i].digests.worth_repairing(&mine, &d, differ);
+                // Buckets that differ because something was lost, not because changes are
+                // in flight.
+                let mut differ = self.peer[i].digests.worth_repairing(&mine, &d);
                 if differ.len() > MAX_REPAIR_BUCKETS {
                     // A bounded repair per round, starting at a different bucket each time.
                     let start = self.ae_cursor % differ.len();

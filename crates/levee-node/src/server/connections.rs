@@ -266,13 +266,6 @@ impl<S> Watched<S> {
         (watched, watch)
     }
 
-    /// Whether `buf`, about to be written, starts a final answer head (`HTTP/1.1 NNN `; an
-    /// interim `100 Continue` is not an answer, and the body of one of our answers is JSON
-    /// or Prometheus text, never that).
-    fn starts_answer(buf: &[u8]) -> bool {
-        buf.starts_with(b"HTTP/1.1 ") && buf.get(9) != Some(&b'1')
-    }
-
     /// Whether an answer head about to be written is one hyper made by itself: every answer
     /// the service makes comes after its call, so a head beyond the calls is hyper's own.
     /// (`heads` counts the heads already written, each once however many writes it took.)
@@ -350,7 +343,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         this.state.pending.store(0, Ordering::Relaxed);
-        let head = this.replacement.is_none() && Watched::<S>::starts_answer(buf);
+        let head = this.replacement.is_none() && starts_answer(buf);
         if head && this.is_hyper_answer() {
             this.heads = this.heads.wrapping_add(1);
             this.replacement = Some((parse_error_answer(buf), 0));
@@ -402,6 +395,13 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
+}
+
+/// Whether `buf`, about to be written, starts a final answer head (`HTTP/1.1 NNN `; an
+/// interim `100 Continue` is not an answer, and the body of one of our answers is JSON or
+/// Prometheus text, never that).
+fn starts_answer(buf: &[u8]) -> bool {
+    buf.starts_with(b"HTTP/1.1 ") && buf.get(9) != Some(&b'1')
 }
 
 /// The JSON error answer that replaces hyper's own answer `head` (status only, empty body) to
