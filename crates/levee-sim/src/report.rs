@@ -150,7 +150,7 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
         if run.policy == Policy::Strict {
             let _ = writeln!(
                 s,
-                "rights of {} per node at the end of each window (held = split + received - given / consumed):",
+                "rights of {} per node at the end of each window (held = split + received - given / consumed; a token bucket or sliding window: units of capacity, received and given since the key began, consumed not counted):",
                 plan.keys[0]
             );
             for (&w, nodes) in &run.rights {

@@ -312,15 +312,20 @@ impl<'p> Driver<'p> {
             let me = NodeIdx(n as u16);
             let node = &self.nodes[n];
             let split = node.states.share_at(self.clock(n));
-            let slot = node
-                .states
-                .state(RULE, &self.plan.keys[0])
-                .and_then(|c| c.slot(done));
+            let state = node.states.state(RULE, &self.plan.keys[0]);
+            let slot = state.and_then(|c| c.slot(done));
+            // A token bucket or sliding window holds rights without epochs: its continuous
+            // holdings, received and given since the key was created.
+            let matrix = match (slot, state) {
+                (Some(s), _) => Some(&s.transfers),
+                (None, Some(c)) if c.slots.is_empty() => Some(&c.holdings),
+                _ => None,
+            };
             let r = NodeRights {
                 up: node.up,
                 split,
-                received: slot.map_or(0, |s| s.transfers.received_by(me)),
-                given: slot.map_or(0, |s| s.transfers.given_by(me)),
+                received: matrix.map_or(0, |m| m.received_by(me)),
+                given: matrix.map_or(0, |m| m.given_by(me)),
                 consumed: slot
                     .and_then(|s| s.tallies.get(me))
                     .map_or(0, |t| t.consumed),
