@@ -62,12 +62,18 @@ impl Cluster {
                 // last acknowledgement. Push that at once, without waiting to be asked, so a
                 // healed partition converges within one round trip.
                 self.catch_up(from, prev, true, now, store);
-            } else if ack > prev.saturating_add(self.cfg.suspect_after)
-                && self.peer[i].caught_up <= prev
+            } else if prev > 0
+                && ack > prev.saturating_add(self.cfg.suspect_after)
+                && self.peer[i].caught_up <= ack
             {
                 // It had stopped hearing us for longer than `suspect_after` (a link cut one
                 // way) and hears us again. (A shorter jump is a reader catching up with a
-                // backlog: frames to a peer arrive in order, nothing was lost.)
+                // backlog: frames to a peer arrive in order, nothing was lost.) Unless we
+                // caught it up after the batch it acknowledges: that push is still on its
+                // way. One made before it may have gone into the same cut (with regional
+                // gossip, a gateway chosen during the cut is caught up when it is first
+                // heard, and nothing of it arrives). A peer that never acknowledged
+                // anything was caught up with everything when it was first heard.
                 self.catch_up(from, prev, false, now, store);
             }
             let p = &mut self.peer[i];
