@@ -288,16 +288,17 @@ impl Cluster {
         let deaf_after = self.deaf_after();
         for &p in peers {
             let i = usize::from(p.0);
-            let st = &self.peer[i];
-            let deaf = st.acked_ms > 0
-                && (!self.membership.is_reachable(p)
-                    || now.saturating_sub(st.acked_ms) > deaf_after);
+            // With regional gossip, a node of another region that never acknowledged us (a
+            // gateway chosen during a cut) has what its region acknowledged.
+            let acked = self.acked_by(p);
+            let deaf = acked > 0
+                && (!self.membership.is_reachable(p) || now.saturating_sub(acked) > deaf_after);
             if !deaf {
                 self.peer[i].missed = MissedKeys::NotTracked;
                 continue;
             }
             let missed = match std::mem::take(&mut self.peer[i].missed) {
-                MissedKeys::NotTracked => self.sent_since(self.peer[i].acked_ms),
+                MissedKeys::NotTracked => self.sent_since(acked),
                 MissedKeys::Keys(mut ids) => {
                     ids.extend(sent_ids.iter().cloned());
                     Some(ids)

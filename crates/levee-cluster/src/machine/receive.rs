@@ -414,7 +414,7 @@ impl Cluster {
         (now >= self.peer[i].caught_up.saturating_add(window)).then(|| now.saturating_sub(window))
     }
 
-    fn acked_by(&self, from: NodeIdx) -> Millis {
+    pub(super) fn acked_by(&self, from: NodeIdx) -> Millis {
         let own = self.peer[usize::from(from.0)].acked_ms;
         let replicas = &self.cfg.replicas;
         let region = replicas.region_of(from);
