@@ -111,11 +111,8 @@ impl Cluster {
         // A peer that got nothing else this interval gets an empty batch when one is due
         // (`heartbeat_due`): silence means trouble, a healed link is seen within an interval,
         // and the batch carries our acknowledgement of the peer's.
-        let every_interval = self.regional_in_play(now);
         for &p in &peers {
-            if self.peer[usize::from(p.0)].last_sent < now
-                && (every_interval || self.heartbeat_due(p, now))
-            {
+            if self.peer[usize::from(p.0)].last_sent < now && self.heartbeat_due(p, now) {
                 self.send(p, Message::Deltas(batch(now, vec![])), now);
             }
         }
