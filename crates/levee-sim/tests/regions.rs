@@ -19,9 +19,15 @@ fn heals_agree_in_time(scenario: Scenario, seed: u64) {
     let outcome = run_plan(&plan, &[Policy::Strict]);
     let run = outcome.run(Policy::Strict).expect("the strict run");
     let heals: Vec<_> = run.heals.iter().filter(|h| h.detected).collect();
-    assert!(!heals.is_empty(), "the cut was not detected: {:?}", run.heals);
+    assert!(
+        !heals.is_empty(),
+        "the cut was not detected: {:?}",
+        run.heals
+    );
     for h in heals {
-        let usage = h.usage_ms.expect("the usage views agreed before the run ended");
+        let usage = h
+            .usage_ms
+            .expect("the usage views agreed before the run ended");
         assert!(
             usage <= h.target_ms,
             "usage views agreed {usage} ms after the heal at {} ms, target {} ms",
