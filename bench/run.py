@@ -359,6 +359,7 @@ class Cfg:
     conns: int
     keys: int
     fig9_rate: int
+    fig9_topology: str
     http_threads: int | None
     pin: bool = False
 
@@ -725,10 +726,11 @@ def fig5(levee: str, levee_port: int, nginx_port: int, saturating: float) -> Non
 
 def write_cluster(levee: str, work: Path, name: str, max_keys: int,
                   regions: tuple[str, ...] = ("eu", "us", "ap"), per_region: int = 1,
-                  local_first: bool = False) -> list[dict]:
+                  local_first: bool = False, topology: str = "mesh") -> list[dict]:
     """`regions` of `per_region` nodes each (three regions of one by default), as `levee
     cluster` lays them out (mutual TLS, strict mode, 20 ms gossip), without snapshots and with
-    room for the keys; `local_first` sets `cluster.local_first`."""
+    room for the keys; `local_first` sets `cluster.local_first`, `topology`
+    `cluster.gossip_topology`."""
     d = work / name
     certs = d / "certs"
     certs.mkdir(parents=True)
@@ -755,6 +757,7 @@ mode = "strict"
 {"local_first = true" if local_first else ""}
 gossip_interval = "20ms"
 suspect_after = "1s"
+gossip_topology = "{topology}"
 regions = {{ {", ".join(f"{r} = 1" for r in regions)} }}
 tls = {{ ca = "{certs}/ca.pem", cert = "{certs}/{n['id']}.pem", key = "{certs}/{n['id']}.key" }}
 """
@@ -769,8 +772,10 @@ tls = {{ ca = "{certs}/ca.pem", cert = "{certs}/{n['id']}.pem", key = "{certs}/{
 
 def start_cluster(levee: str, work: Path, name: str, max_keys: int,
                   regions: tuple[str, ...] = ("eu", "us", "ap"), per_region: int = 1,
-                  env: dict | None = None, local_first: bool = False) -> list[dict]:
-    nodes = write_cluster(levee, work, name, max_keys, regions, per_region, local_first)
+                  env: dict | None = None, local_first: bool = False,
+                  topology: str = "mesh") -> list[dict]:
+    nodes = write_cluster(levee, work, name, max_keys, regions, per_region, local_first,
+                          topology)
     for n in nodes:
         n["proc"] = start(n["id"], [levee, "serve", "--config", str(n["config"])],
                           work / name / f"{n['id']}.log",
@@ -878,7 +883,7 @@ def fig9(levee: str, work: Path) -> None:
     measured = []
     for label, regions, per in layouts:
         nodes = start_cluster(levee, work, f"fig9-{len(regions)}x{per}", 1_000_000,
-                              regions, per, env)
+                              regions, per, env, topology=C.fig9_topology)
         try:
             pids = [n["proc"].pid for n in nodes]
             port = nodes[0]["http"]
@@ -892,7 +897,8 @@ def fig9(levee: str, work: Path) -> None:
             # forwards the rest. Its rights follow its demand within a few seconds (each key
             # is asked about once a second here): a longer warm-up.
             nodes = start_cluster(levee, work, f"fig9-{len(regions)}x{per}-lf", 1_000_000,
-                                  regions, per, env, local_first=True)
+                                  regions, per, env, local_first=True,
+                                  topology=C.fig9_topology)
             try:
                 pids = [n["proc"].pid for n in nodes]
                 measured.append((label, "any node, local_first",
@@ -912,6 +918,8 @@ def fig9(levee: str, work: Path) -> None:
                 "any node, local_first": "the caller sends every key to the first node, "
                                          "`cluster.local_first = true` (after a 12 s warm-up)",
                 }[sent_to]
+        if C.fig9_topology != "mesh":
+            label = f"{label}, `gossip_topology = \"{C.fig9_topology}\"`"
         row("9", f"CPU per decision summed over every node's process, {label}; {what} "
                  f"(`levee bench --endpoint authz`, {rate:,} req/s, 32 connections, "
                  f"{C.keys:,} keys)",
@@ -1217,6 +1225,8 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10,000)")
     ap.add_argument("--fig9-rate", type=int, default=10_000,
                     help="figure 9's fixed request rate, below saturation (default 10,000/s)")
+    ap.add_argument("--fig9-topology", choices=["mesh", "regions"], default="mesh",
+                    help="figure 9's cluster.gossip_topology (default mesh, Levee's default)")
     ap.add_argument("--http-threads", type=int, default=1,
                     help="Levee's HTTP threads (LEVEE_WORKER_THREADS) for figures 1, 2, 5 and 7: "
                          "as many as nginx's workers and Redis's one thread (default 1; 0: "
@@ -1236,6 +1246,7 @@ def main() -> int:
     C.secs = a.secs or (2.0 if a.quick else 3.0)
     C.threads, C.conns, C.keys = a.threads, a.connections, a.keys
     C.fig9_rate, C.http_threads = a.fig9_rate, (a.http_threads or None)
+    C.fig9_topology = a.fig9_topology
     C.pin = a.pin
     if C.pin and (os.cpu_count() or 1) < 2:
         ap.error("--pin needs at least 2 cores")

@@ -139,10 +139,9 @@ impl Cluster {
         }
     }
 
-    /// Whether a peer of a mesh this node has nothing to send gets an empty batch this
-    /// interval (with regional gossip in play every link gets one every interval: the choice
-    /// and replacement of gateways read each link's batches and acknowledgements interval by
-    /// interval).
+    /// Whether a peer this node gossips with and has nothing to send gets an empty batch this
+    /// interval (mesh and regional gossip alike: a gateway's health reads its
+    /// acknowledgements within `deaf_after`, several idle heartbeats).
     /// Every interval while the link may be in trouble — the peer unreachable, or its
     /// acknowledgements late — so that a healed link is seen within an interval, and for two
     /// intervals after a batch of keys, so that the loss of the last one is noticed (and asked
