@@ -284,8 +284,8 @@ impl Cluster {
         let deaf_after = self.deaf_after();
         for &p in peers {
             let i = usize::from(p.0);
-            // With regional gossip, a node of another region that never acknowledged us (a
-            // gateway chosen during a cut) has what its region acknowledged.
+            // With regional gossip, a node of another region has at least what its region
+            // acknowledged (a gateway chosen during a cut, which never acknowledged us).
             let acked = self.acked_by(p);
             let deaf = acked > 0
                 && (!self.membership.is_reachable(p) || now.saturating_sub(acked) > deaf_after);
