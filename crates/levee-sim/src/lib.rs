@@ -35,6 +35,7 @@ pub mod changes;
 pub mod checks;
 pub mod demand;
 pub mod heal;
+pub mod histogram;
 pub mod ledger;
 pub mod levee;
 pub mod lists;

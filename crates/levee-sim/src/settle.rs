@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::checks::Policy;
+use crate::histogram::Histogram;
 use crate::outcome::RunOutcome;
 use crate::plan::{RunPlan, T0};
 use crate::scenario::Scenario;
-use crate::summary::Histogram;
 
 /// One membership scenario's figures.
 #[derive(Debug, Clone, Default)]
