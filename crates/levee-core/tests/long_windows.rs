@@ -220,3 +220,62 @@ fn a_deny_while_the_cluster_has_room_asks_and_retries_soon() {
     assert!(c.check(0).allowed);
     assert!(c.consumed() <= 30);
 }
+
+#[test]
+fn a_region_that_used_some_keeps_one_check_in_hand_while_another_presses() {
+    // Sporadic demand, a check every 2 s (no forecast): each region uses one token of its
+    // share of 2, then one region asks for more. The others keep one check in hand each, so
+    // their next checks are admitted, as the window's last rights spread one to each region
+    // that asks rather than pooling where the last deny was.
+    let mut c = Lockstep::new(6);
+    c.run(200, |_| None);
+    for region in 0..3 {
+        let d = c.run(2_000, |s| (s == 0).then_some(region));
+        assert!(d[0].allowed, "region {region}: {:?}", d[0]);
+    }
+    // Region 0 asks six more times, 2 s apart: it gets its own second token, and nobody's last.
+    let mut admitted_at_0 = 1;
+    for _ in 0..6 {
+        let d = c.run(2_000, |s| (s == 0).then_some(0));
+        admitted_at_0 += u64::from(d[0].allowed);
+    }
+    assert_eq!(
+        admitted_at_0, 2,
+        "region 0 took another region's last token"
+    );
+    for region in 1..3 {
+        let d = c.run(2_000, |s| (s == 0).then_some(region));
+        assert!(
+            d[0].allowed,
+            "region {region} lost its check in hand: {:?}",
+            d[0]
+        );
+    }
+    assert_eq!(c.consumed(), 6);
+}
+
+#[test]
+fn a_fast_region_that_stops_gives_way_within_a_tenth_of_a_second() {
+    // Demand moving region by region at 100 checks a second. Regions 1 and 2 have used their
+    // shares (100 each of 300); region 0 asks 80 and holds its 100 while its forecast presses
+    // for the next 200 ms; 30 ms after its last check region 1 asks 40 in 400 ms. Region 0's
+    // demand counts as paused once ten of its checks were expected and none came (100 ms),
+    // not after 500 ms, by when region 1's burst is over.
+    let mut c = Lockstep::new(300);
+    c.run(200, |_| None);
+    c.run(200 * 10, |s| (s < 200).then_some(1 + (s % 2) as usize));
+    c.run(2_000, |_| None);
+    let used_before = c.consumed();
+    let at_0 = c.run(80 * 10 + 30, |s| (s < 80).then_some(0));
+    assert!(at_0.iter().all(|d| d.allowed), "region 0 within its share");
+    let at_1 = c.run(40 * 10, |s| (s < 40).then_some(1));
+    let at_1 = at_1.iter().filter(|d| d.allowed).count();
+    assert!(c.consumed() <= 300);
+    // All but two of what is left (region 0 keeps one check in hand). With a pause of 500 ms
+    // it was 1 of the 40.
+    let left = 300 - used_before - 80;
+    assert!(
+        at_1 as u64 >= left - 2,
+        "region 1 admitted {at_1} of its 40 with {left} left (regions 1 and 2 used {used_before})"
+    );
+}

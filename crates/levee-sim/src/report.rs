@@ -93,6 +93,26 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
             }
         }
     }
+    // And the keys strict admitted least of, against the central counter (up to three).
+    let admitted = |policy: Policy| -> std::collections::BTreeMap<u32, u64> {
+        let mut by_key = std::collections::BTreeMap::new();
+        for run in outcome.runs.iter().filter(|r| r.policy == policy) {
+            for (&(k, _), b) in &run.ledger.windows {
+                *by_key.entry(k).or_insert(0) += b.admitted_total();
+            }
+        }
+        by_key
+    };
+    let (strict, central) = (admitted(Policy::Strict), admitted(Policy::Central));
+    let mut short: Vec<(u64, u32)> = central
+        .iter()
+        .filter_map(|(&k, &c)| {
+            let gap = c.saturating_sub(strict.get(&k).copied().unwrap_or(0));
+            (gap > 0 && !keys.contains(&k)).then_some((gap, k))
+        })
+        .collect();
+    short.sort_by(|a, b| b.cmp(a));
+    keys.extend(short.iter().take(3).map(|&(_, k)| k));
     // Each ledger key's name and limit (a mixed run's buckets have their own).
     let bound = |k: u32| {
         if plan.mixed {
