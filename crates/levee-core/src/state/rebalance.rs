@@ -20,9 +20,9 @@ const PAUSE_MS: Millis = 500;
 /// [`MIN_PAUSE_MS`]. Demand that moves region by region at 150 checks a second paused 500 ms
 /// before the region that had it gave way, and the next region's whole burst was over by
 /// then (`levee-sim --seed 986 --scenario back-to-back`: 6 of 56 admitted, 42 rights idle
-/// at that region's owner; `--set demand --seeds 1000`, back-to-back mean / p1 1.0019 /
-/// 0.9412 before, 1.0043 / 0.9732 with it; 20 tokens gave 1.0042 / 0.9695, and
-/// `--local-first` 0.9462 against 0.9583 with 10).
+/// at that region's owner; `--set demand --seeds 1000`, back-to-back mean / p1 1.0040 /
+/// 0.9412 before, 1.0063 / 0.9732 with it, `--local-first` 0.9097 and 0.9583;
+/// docs/accuracy.md).
 const PAUSE_TOKENS: f64 = 10.0;
 
 /// The shortest pause ([`PAUSE_TOKENS`]): five gossip intervals, when a sample is taken.
