@@ -925,14 +925,34 @@ pub fn http(
     Reply::read(resp).map_err(|e| e.to_string())
 }
 
-/// `kill -<signal> <pid>`; whether it was delivered.
+/// `kill -<signal> <pid>`; whether it was delivered. After `"STOP"`, whether every thread of
+/// the process is stopped within 5 s (`/proc`), not merely the signal queued: a test that
+/// freezes a node and then acts on the others relies on the frozen node seeing none of it. (A
+/// leave posted right after `kill -STOP` returned was once acknowledged by the node meant to
+/// be frozen, on a busy 2-vCPU CI machine.)
 pub fn send_signal(pid: u32, signal: &str) -> bool {
-    Command::new("kill")
+    let sent = Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|s| s.success())
+        .is_ok_and(|s| s.success());
+    sent && (signal != "STOP" || wait_until(Duration::from_secs(5), || all_threads_stopped(pid)))
+}
+
+/// Whether every thread of process `pid` is stopped by a signal (state `T` in
+/// `/proc/<pid>/task/<tid>/stat`, the field after the parenthesised command name).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                == Some("T")
+        })
+    })
 }
 
 /// Stops `child` if it still runs (SIGTERM, then SIGKILL after `grace`) and reaps it; a child

@@ -100,6 +100,15 @@ impl Ledger {
         }
     }
 
+    /// Tokens admitted of each key, over every window.
+    pub fn admitted_by_key(&self) -> BTreeMap<u32, u64> {
+        let mut by_key = BTreeMap::new();
+        for (&(k, _), b) in &self.windows {
+            *by_key.entry(k).or_insert(0) += b.admitted_total();
+        }
+        by_key
+    }
+
     /// The book of a key's window, created empty.
     pub fn book(&mut self, key: u32, window: u64) -> &mut WindowBook {
         self.windows.entry((key, window)).or_default()

@@ -94,14 +94,13 @@ pub fn describe(plan: &RunPlan, outcome: &RunOutcome) -> String {
         }
     }
     // And the keys strict admitted least of, against the central counter (up to three).
-    let admitted = |policy: Policy| -> std::collections::BTreeMap<u32, u64> {
-        let mut by_key = std::collections::BTreeMap::new();
-        for run in outcome.runs.iter().filter(|r| r.policy == policy) {
-            for (&(k, _), b) in &run.ledger.windows {
-                *by_key.entry(k).or_insert(0) += b.admitted_total();
-            }
-        }
-        by_key
+    let admitted = |policy: Policy| {
+        outcome
+            .runs
+            .iter()
+            .find(|r| r.policy == policy)
+            .map(|r| r.ledger.admitted_by_key())
+            .unwrap_or_default()
     };
     let (strict, central) = (admitted(Policy::Strict), admitted(Policy::Central));
     let mut short: Vec<(u64, u32)> = central

@@ -2,6 +2,11 @@ use std::net::SocketAddr;
 
 use super::*;
 
+/// The error `text` is refused with (named `t.toml`).
+fn refused(text: &str) -> ConfigError {
+    Config::parse(text, "t.toml").unwrap_err()
+}
+
 #[test]
 fn the_embedded_configuration_is_valid() {
     let c = Config::embedded();
@@ -12,7 +17,7 @@ fn the_embedded_configuration_is_valid() {
 #[test]
 fn an_invalid_rule_names_its_line_and_field() {
     let text = "[node]\nid = \"a\"\n\n[[rule]]\nname = \"x\"\nalgorithm = \"token_bucket\"\nrate = 0\nper = \"1s\"\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.line, Some(7));
     assert_eq!(e.field, "rule \"x\": rate");
     assert!(
@@ -24,7 +29,7 @@ fn an_invalid_rule_names_its_line_and_field() {
 #[test]
 fn an_unknown_field_names_its_line() {
     let text = "[api]\nmax_body = \"1MiB\"\nbogus = 1\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.line, Some(3), "{e}");
     assert!(e.message.contains("bogus"), "{e}");
 }
@@ -33,7 +38,7 @@ fn an_unknown_field_names_its_line() {
 fn a_mistyped_field_names_its_path() {
     let text =
         "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = \"ten\"\nwindow = \"1s\"\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.line, Some(4), "{e}");
     assert!(e.field.contains("limit"), "{e}");
 }
@@ -41,7 +46,7 @@ fn a_mistyped_field_names_its_path() {
 #[test]
 fn a_mistyped_rule_field_names_the_rule_and_the_field() {
     let text = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n\n[[rule]]\nname = \"login-per-ip\"\nalgorithm = \"fixed_window\"\nlimit = \"ten\"\nwindow = \"1s\"\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.field, "rule \"login-per-ip\": limit", "{e}");
     assert_eq!(e.line, Some(10), "{e}");
     assert!(!e.to_string().contains("serde_spanned"), "{e}");
@@ -50,7 +55,7 @@ fn a_mistyped_rule_field_names_the_rule_and_the_field() {
 #[test]
 fn a_duplicate_key_is_named() {
     let text = "[api]\nmax_batch = 10\nmax_batch = 20\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.line, Some(3), "{e}");
     assert!(e.message.contains("`max_batch`"), "{e}");
 }
@@ -58,7 +63,7 @@ fn a_duplicate_key_is_named() {
 #[test]
 fn an_open_admin_api_on_a_public_address_is_refused() {
     let public = "[node]\nhttp = \"0.0.0.0:8750\"\n";
-    let e = Config::parse(public, "t.toml").unwrap_err();
+    let e = refused(public);
     assert_eq!(e.field, "api.admin_token", "{e}");
     assert!(e.message.contains("admin_open"), "{e}");
     assert!(Config::parse(&format!("{public}[api]\nadmin_open = true\n"), "t.toml").is_ok());
@@ -69,7 +74,7 @@ fn an_open_admin_api_on_a_public_address_is_refused() {
 #[test]
 fn a_bad_trusted_proxy_names_the_field() {
     let text = "[api]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/99\"]\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.field, "api.trusted_proxies[1]", "{e}");
     assert_eq!(e.line, Some(2), "{e}");
     let ok = Config::parse(
@@ -83,7 +88,7 @@ fn a_bad_trusted_proxy_names_the_field() {
 fn a_bad_duration_is_reported() {
     let text =
         "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"soon\"\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.line, Some(5), "{e}");
     assert!(e.message.contains("invalid duration"), "{e}");
 }
@@ -99,14 +104,12 @@ fn a_bad_override_names_the_rule_the_entry_and_the_field() {
         ("key = \"a\"\n", "override[0].limit"),
     ] {
         let text = format!("{rule}[[rule.override]]\n{table}");
-        let e = Config::parse(&text, "t.toml").unwrap_err();
+        let e = refused(&text);
         assert_eq!(e.field, format!("rule \"api\": {field}"), "{table}: {e}");
     }
-    let e = Config::parse(
-        &format!("{rule}[[rule.override]]\nkey = \"a\"\nrate = 1\nlimits = 3\n"),
-        "t.toml",
-    )
-    .unwrap_err();
+    let e = refused(&format!(
+        "{rule}[[rule.override]]\nkey = \"a\"\nrate = 1\nlimits = 3\n"
+    ));
     assert!(e.to_string().contains("limits"), "{e}");
     let ok = format!("{rule}[[rule.override]]\nkey = \"int-*\"\naction = \"allow\"\n");
     Config::parse(&ok, "t.toml").expect("a valid override");
@@ -115,7 +118,7 @@ fn a_bad_override_names_the_rule_the_entry_and_the_field() {
 #[test]
 fn duplicate_rule_names_are_refused() {
     let rule = "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n";
-    let e = Config::parse(&format!("{rule}{rule}"), "t.toml").unwrap_err();
+    let e = refused(&format!("{rule}{rule}"));
     assert_eq!(e.field, "rule[1].name");
     assert_eq!(e.line, Some(7));
 }
@@ -158,7 +161,7 @@ fn notify_tables_are_validated_naming_the_field() {
         ),
         ("url = \"http://x/\"\nrules = []\n", "notify[0].rules", 8),
     ] {
-        let e = Config::parse(&format!("{rule}[[notify]]\n{table}"), "t.toml").unwrap_err();
+        let e = refused(&format!("{rule}[[notify]]\n{table}"));
         assert_eq!(e.field, field, "{e}");
         assert_eq!(e.line, Some(line), "{e}");
     }
@@ -182,7 +185,7 @@ fn a_cluster_nodes_http_must_be_host_port() {
         "h:99999",
     ] {
         let text = format!("{base}http = \"{bad}\"\n");
-        let e = Config::parse(&text, "t.toml").unwrap_err();
+        let e = refused(&text);
         assert_eq!(e.field, "cluster.node.http", "{bad}");
         assert_eq!(e.line, Some(10), "{bad}");
     }
@@ -203,7 +206,7 @@ fn a_cluster_nodes_addr_is_an_ip_or_a_dns_name() {
     }
     for bad in ["", "levee-eu-0", "a b:8751", "h:0", "http://h:1"] {
         let text = format!("{base}addr = \"{bad}\"\n");
-        let e = Config::parse(&text, "t.toml").unwrap_err();
+        let e = refused(&text);
         assert!(e.field.ends_with("addr"), "{bad}: {e}");
         assert_eq!(e.line, Some(9), "{bad}: {e}");
     }
@@ -212,6 +215,6 @@ fn a_cluster_nodes_addr_is_an_ip_or_a_dns_name() {
 #[test]
 fn a_cluster_must_list_this_node() {
     let text = "[node]\nid = \"eu-9\"\nregion = \"eu\"\n[cluster]\nregions = { eu = 1 }\n[[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n";
-    let e = Config::parse(text, "t.toml").unwrap_err();
+    let e = refused(text);
     assert_eq!(e.field, "node.id");
 }
