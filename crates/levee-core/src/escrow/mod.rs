@@ -22,6 +22,10 @@
 //!   share once its demand has paused go back to the regions below theirs (a lease that ends
 //!   with the borrower's demand). So a burst at one region no longer sweeps every other
 //!   region's rights away from demand that starts there later.
+//! * In such a window, the node each region's checks land at keeps one check in hand once it
+//!   has admitted in the window (`keep_one_in_hand`), so the window's last rights spread one
+//!   to each region that asks instead of pooling at the last to deny; a check in hand yields
+//!   to an ask that persists (a client retrying) or asks for more than one token.
 //!
 //! Donors keep what their own forecast says they need, plus a margin; the forecast has a long
 //! memory so noise does not give rights away (see [`crate::forecast`]).
@@ -42,6 +46,7 @@ mod need;
 mod scope;
 
 pub(crate) use need::need_of;
+use need::with_margin;
 use scope::just_ended;
 pub(crate) use scope::{Scope, matrix, scopes};
 
@@ -64,6 +69,10 @@ pub const HORIZON_MS: Millis = 5_000;
 /// where 500 ms let a fast client's region take the next region's reserve (back-to-back p1
 /// 0.81), 200 ms gave 0.97 and 100 ms 0.94 (docs/accuracy.md).
 pub const PRESS_MS: Millis = 200;
+
+/// In a long window's current epoch, what a node that has admitted in it keeps beyond what it
+/// used, and presses for when it lacks it: one check's token in hand (see `keep_one_in_hand`).
+const IN_HAND: u64 = 1;
 
 /// How far apart two nodes' clocks may be (DESIGN.md: `max_clock_skew`, 500 ms). A window
 /// that has ended on this node's clock may still be running on a peer's for this long, so
@@ -266,6 +275,9 @@ fn rebalance_scope(
         need[i] = need_of(crdt, algo, node, f, theirs, ctx.now, HORIZON_MS);
         need_soon[i] = need_of(crdt, algo, node, f, theirs, ctx.now, PRESS_MS);
     }
+    if long && current && !asked_persistently(&held, &need_soon) {
+        keep_one_in_hand(crdt, scope, ctx, &held, &mut need_soon);
+    }
     let spare_of = |i: usize| held[i].saturating_sub(if long { need_soon[i] } else { need[i] });
     let my_spare = spare_of(mi);
     if my_spare == 0 {
@@ -346,13 +358,7 @@ fn rebalance_scope(
         // give back (or on) the rights it just asked for its next requests. (The simulator's
         // sporadic scenario, mean / p1: a cushion of at least 1 0.9622 / 0.8961, 2 0.9712 /
         // 0.9171, 3 0.9734 / 0.9223, 5 0.9717 / 0.9119.)
-        let used = |i: usize| match scope {
-            Scope::Epoch { epoch, .. } => crdt
-                .slot(epoch)
-                .and_then(|s| s.tallies.get(NodeIdx(i as u16)))
-                .map_or(0, |t| t.net()),
-            Scope::Continuous => 0,
-        };
+        let used = |i: usize| used_in(crdt, scope, NodeIdx(i as u16));
         let keep_of = |i: usize| {
             let reserve = reserve_of(i);
             if reserve == 0 {
@@ -420,6 +426,72 @@ fn rebalance_scope(
         give(crdt, target, scope, to, units, ctx, gifts);
         left -= units;
         gifts.given += units;
+    }
+}
+
+/// One check in hand, in a long window's current epoch: the node each region's checks land at
+/// (this node's region: the key's owner; another region: the node of it that holds the most,
+/// where its region-mates pool their rights), once it has admitted in the window, keeps (and
+/// presses for) [`IN_HAND`] token beyond what it used, even when its forecast has decayed to
+/// nothing between sporadic checks. So the window's last rights spread one to each region that
+/// asks rather than pooling where they were last given, and the next check anywhere finds
+/// one. Region-mates that decide for themselves (`cluster.local_first`) keep none: a check
+/// they cannot cover goes to the owner, and one token stranded at each of them cost the last
+/// region of `back-to-back` its share. Not kept while an ask persists
+/// ([`asked_persistently`]).
+fn keep_one_in_hand(
+    crdt: &KeyCrdt,
+    scope: Scope,
+    ctx: &RebalanceCtx<'_>,
+    held: &[u64],
+    need_soon: &mut [u64],
+) {
+    let replicas = ctx.replicas;
+    let mine = replicas.region_of(ctx.me);
+    for region in replicas.regions() {
+        let pool = if region == mine {
+            Some(ctx.owner)
+        } else {
+            replicas
+                .region_nodes(region)
+                .iter()
+                .copied()
+                .max_by_key(|&m| (held[usize::from(m.0)], std::cmp::Reverse(m.0)))
+        };
+        let Some(pool) = pool else {
+            continue;
+        };
+        let used = used_in(crdt, scope, pool);
+        if used > 0 {
+            let i = usize::from(pool.0);
+            need_soon[i] = need_soon[i].max(used.saturating_add(IN_HAND));
+        }
+    }
+}
+
+/// Whether some node asks for more than one check's token in hand would leave it short of:
+/// it runs short within [`PRESS_MS`] by more than a single deny of one token asks for (that
+/// token with the margin `need_of` adds: 2 over what the node used). A deny asks for its
+/// shortfall and keeps asking while denials repeat within `UNMET_TTL_MS`, so a client that
+/// retries after a short `retry_after_ms` asks for 2, then 3, …; then checks in hand yield,
+/// and the window's last rights go to the caller who keeps asking, as a central counter's
+/// would. Without this, the window's last rights kept in hand at two regions denied a
+/// retrying client at the third for good (`tests/moving_demand.rs`).
+fn asked_persistently(held: &[u64], need_soon: &[u64]) -> bool {
+    let one_ask = with_margin(IN_HAND);
+    held.iter()
+        .zip(need_soon)
+        .any(|(&h, &n)| n.saturating_sub(h) > one_ask)
+}
+
+/// What `node` used (net of refunds) in an epoch scope; 0 in the continuous one.
+fn used_in(crdt: &KeyCrdt, scope: Scope, node: NodeIdx) -> u64 {
+    match scope {
+        Scope::Epoch { epoch, .. } => crdt
+            .slot(epoch)
+            .and_then(|s| s.tallies.get(node))
+            .map_or(0, |t| t.net()),
+        Scope::Continuous => 0,
     }
 }
 

@@ -12,6 +12,12 @@ use super::scope::Scope;
 /// Extra demand a node keeps for itself above its forecast, in percent.
 const MARGIN_PERCENT: u64 = 10;
 
+/// `x` tokens of demand with the margin a node keeps above it.
+pub(crate) fn with_margin(x: u64) -> u64 {
+    let margin = (u128::from(x) * u128::from(MARGIN_PERCENT)).div_ceil(100);
+    x.saturating_add(margin as u64)
+}
+
 /// What `node` needs in `scope`, from its forecast (tokens per epoch) over at most
 /// `horizon` ms and what it used.
 pub(crate) fn need_of(
@@ -23,11 +29,7 @@ pub(crate) fn need_of(
     now: Millis,
     horizon: Millis,
 ) -> u64 {
-    // A forecast comes from a peer's register: saturate rather than overflow.
-    let with_margin = |x: u64| {
-        let margin = (u128::from(x) * u128::from(MARGIN_PERCENT)).div_ceil(100);
-        x.saturating_add(margin as u64)
-    };
+    // A forecast comes from a peer's register: `with_margin` saturates rather than overflows.
     match (scope, *algo) {
         (
             Scope::Epoch {
