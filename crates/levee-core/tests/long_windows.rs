@@ -81,6 +81,20 @@ impl Lockstep {
         d
     }
 
+    /// A dry run at region `region`'s owner: how a check waiting for rights (`max_wait_ms`)
+    /// is looked at again.
+    fn probe(&mut self, region: usize) -> Decision {
+        let node = region * 2;
+        let target = self.rule.target(None, 1).unwrap();
+        let ctx = DecideCtx {
+            now: self.now,
+            me: NodeIdx(node as u16),
+            replicas: &self.replicas,
+            view: Lockstep::view(),
+        };
+        self.nodes[node].decide(&target, RuleMode::Enforce, 1, true, &ctx)
+    }
+
     /// Every node rebalances (the first of each region is its owner), and every delta
     /// reaches every other node.
     fn interval(&mut self) {
@@ -290,6 +304,30 @@ fn checks_in_hand_yield_to_a_client_that_retries() {
         "{:?}",
         d[0]
     );
+}
+
+#[test]
+fn checks_in_hand_yield_to_a_caller_that_waits() {
+    // As above, but the client at region 0 waits for rights (`max_wait_ms`) instead of
+    // retrying: its check is denied once, then looked at again (a dry run) at every interval.
+    // Looking again keeps its ask out as a second deny would, so the checks in hand yield to
+    // it within its wait (an interval every 20 ms here).
+    let mut c = Lockstep::new(6);
+    c.run(200, |_| None);
+    for region in [1, 2, 0, 0] {
+        let d = c.run(3_000, |s| (s == 0).then_some(region));
+        assert!(d[0].allowed, "region {region}: {:?}", d[0]);
+    }
+    let first = c.run(20, |s| (s == 0).then_some(0));
+    assert!(!first[0].allowed);
+    let mut waited = 20;
+    while waited < 500 && !c.probe(0).allowed {
+        c.run(20, |_| None);
+        waited += 20;
+    }
+    assert!(waited < 500, "no right reached the waiting check in 500 ms");
+    assert!(c.check(0).allowed);
+    assert_eq!(c.consumed(), 5);
 }
 
 #[test]

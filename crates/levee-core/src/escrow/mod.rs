@@ -72,7 +72,7 @@ pub const PRESS_MS: Millis = 200;
 
 /// In a long window's current epoch, what a node that has admitted in it keeps beyond what it
 /// used, and presses for when it lacks it: one check's token in hand (see `keep_one_in_hand`).
-const IN_HAND: u64 = 1;
+pub(crate) const IN_HAND: u64 = 1;
 
 /// How far apart two nodes' clocks may be (DESIGN.md: `max_clock_skew`, 500 ms). A window
 /// that has ended on this node's clock may still be running on a peer's for this long, so

@@ -25,6 +25,11 @@ impl KeyState {
         let ev = self.evaluate(target, cost, ctx);
         if !dry_run && cost > 0 {
             self.commit(target, cost, ev.would_allow, &ev, ctx);
+        } else if ev.asks_rights && cost > 0 && target.algorithm.epoch_len(ctx.now) > HORIZON_MS {
+            // A look again while this node's ask is out (a check waiting for rights,
+            // `max_wait_ms`, is looked at again as a dry run whenever a peer's state arrives):
+            // the caller is still asking.
+            self.ask_again(cost, target.algorithm.capacity(), ctx.now);
         }
         let consumed = ev.would_allow && !dry_run && cost > 0;
         decision_of(target.algorithm, mode, cost, &ev, consumed, true, ctx)

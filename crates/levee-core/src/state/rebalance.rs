@@ -122,6 +122,24 @@ impl KeyState {
         book.unmet = (unmet.saturating_add(cost).min(capacity), now);
     }
 
+    /// A check denied for want of rights is looked at again (a dry run) while this node's ask
+    /// for it is out: the caller still asks, as a client retrying would. The ask stays out,
+    /// and asks for the check's `cost` plus the check in hand others keep
+    /// ([`escrow::IN_HAND`]), so those yield to it as they do to a retrying client's second
+    /// deny; it does not grow further, however often the check is looked at. Nothing
+    /// changes when no ask is out (a dry run alone asks for nothing).
+    pub(super) fn ask_again(&mut self, cost: u64, capacity: u64, now: Millis) {
+        let Some(book) = self.demand_book.as_deref_mut() else {
+            return;
+        };
+        let (unmet, at) = book.unmet;
+        if unmet == 0 || now.saturating_sub(at) > UNMET_TTL_MS {
+            return;
+        }
+        let again = cost.saturating_add(escrow::IN_HAND).min(capacity);
+        book.unmet = (unmet.max(again), now);
+    }
+
     /// The forecast (tokens per epoch) that makes donors see this node's unmet demand as a
     /// need: `unmet` more than it used, over the horizon they forecast. Clears the unmet
     /// demand once what the node holds covers it, or once it is old.
