@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `strict-limit` | strict | admitted ≤ limit in every window of every key (beyond the two allowances below); where a crashed node's usage or gifts of a window it can still admit in had reached no node still alive when it pulled again (lost with the crash, as the design allows: "no counted usage is lost beyond the last gossip interval"), admitted ≤ limit + that loss, and the window is reported apart. State that live peers held but the restarted node did not get before deciding is no excuse. A node removed while it was alive (frozen, then thawed with its old list) keeps its old share until it hears of its removal (docs/membership.md, *Removing a node that is not dead*): from the window it went on in to the one after it heard, admitted ≤ limit + its old share, and the window is reported apart |
 //! | `partition-cap` | strict | in a window wholly inside a detected symmetric partition, each side admits at most its share |
-//! | `partition-share` | strict | in such a window, a side whose demand reaches its share admits at least 95 % of it |
+//! | `partition-share` | strict | in such a window, a side whose demand reaches its share admits at least 95 % of it (both net of refunds: a request admitted and given back was served) |
 //! | `retry-after` | strict | a check denied while the window's true tallies had room carries `retry_after_ms` ≤ [`levee_core::RIGHTS_RETRY_MS`] (a node recovering or blind aside: it answers when it expects its peers' state) |
 //! | `heal-agreement` | strict | after a detected partition heals, every view of the probe key's consumption (what `/v1/usage` shows; see `heal.rs`) is equal within two gossip intervals plus one round trip |
 //! | `heal-never` | strict | … and they agree before the run ends at all |
@@ -268,7 +268,12 @@ pub fn check_levee(
                     for side in &ep.sides {
                         let share: u64 = side.iter().map(|&r| limits[r]).sum();
                         let admitted: u64 = side.iter().map(|&r| book.admitted[r]).sum();
-                        let demand: u64 = side.iter().map(|&r| book.demand[r]).sum();
+                        // Net of refunds, as `admitted` is: a request admitted and then
+                        // given back was served, and its tokens served later requests too.
+                        let demand: u64 = side
+                            .iter()
+                            .map(|&r| book.demand[r].saturating_sub(book.refunded_at[r]))
+                            .sum();
                         let unusable: u64 =
                             side.iter().map(|&r| nodes[r].len() as u64 * stranded).sum();
                         if admitted > share {

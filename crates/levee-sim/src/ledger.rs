@@ -24,6 +24,10 @@ pub struct WindowBook {
     pub unrecovered: u64,
     /// Tokens given back (refunds), already taken off `admitted`.
     pub refunded: u64,
+    /// The same tokens by the region their request was asked at: a refunded request's
+    /// tokens were asked and then given back, so they are no longer demand the window had to
+    /// serve (`partition-share` compares what a side kept admitted with what it kept asking).
+    pub refunded_at: [u64; MAX_REGIONS],
     /// Tokens given back before the admissions they offset were recorded (the central
     /// counter's home gives back what it consumed in the window, some of it admitted
     /// there while its answer is still on the way): taken off the next admissions.
@@ -166,6 +170,7 @@ impl Ledger {
     ) {
         let book = self.book(key, window);
         book.refunded += tokens;
+        book.refunded_at[region] += tokens;
         // Off the request's region first: a node gives back what it consumed in the window,
         // which for the central counter may have been asked elsewhere.
         let mut left = tokens;
