@@ -66,15 +66,7 @@ impl Lockstep {
 
     /// One check at region `region`'s owner.
     fn check(&mut self, region: usize) -> Decision {
-        let node = region * 2;
-        let target = self.rule.target(None, 1).unwrap();
-        let ctx = DecideCtx {
-            now: self.now,
-            me: NodeIdx(node as u16),
-            replicas: &self.replicas,
-            view: Lockstep::view(),
-        };
-        let d = self.nodes[node].decide(&target, RuleMode::Enforce, 1, false, &ctx);
+        let d = self.decide_at(region, false);
         if d.allowed {
             self.admitted += 1;
         }
@@ -84,6 +76,10 @@ impl Lockstep {
     /// A dry run at region `region`'s owner: how a check waiting for rights (`max_wait_ms`)
     /// is looked at again.
     fn probe(&mut self, region: usize) -> Decision {
+        self.decide_at(region, true)
+    }
+
+    fn decide_at(&mut self, region: usize, dry_run: bool) -> Decision {
         let node = region * 2;
         let target = self.rule.target(None, 1).unwrap();
         let ctx = DecideCtx {
@@ -92,7 +88,20 @@ impl Lockstep {
             replicas: &self.replicas,
             view: Lockstep::view(),
         };
-        self.nodes[node].decide(&target, RuleMode::Enforce, 1, true, &ctx)
+        self.nodes[node].decide(&target, RuleMode::Enforce, 1, dry_run, &ctx)
+    }
+
+    /// A limit of 6 (2 a region) whose last two rights are checks in hand at regions 1 and 2:
+    /// checks 3 s apart (no forecast, each deny's ask forgotten before the next) at regions
+    /// 1 and 2 once and at region 0 twice.
+    fn last_two_in_hand() -> Lockstep {
+        let mut c = Lockstep::new(6);
+        c.run(200, |_| None);
+        for region in [1, 2, 0, 0] {
+            let d = c.run(3_000, |s| (s == 0).then_some(region));
+            assert!(d[0].allowed, "region {region}: {:?}", d[0]);
+        }
+        c
     }
 
     /// Every node rebalances (the first of each region is its owner), and every delta
@@ -276,12 +285,7 @@ fn checks_in_hand_yield_to_a_client_that_retries() {
     // denies ask for more than one check in hand, the checks in hand yield, and it gets both
     // within a few retries, as it would at a central counter. (Without the yield it was
     // denied for good: tests/moving_demand.rs with real processes.)
-    let mut c = Lockstep::new(6);
-    c.run(200, |_| None);
-    for region in [1, 2, 0, 0] {
-        let d = c.run(3_000, |s| (s == 0).then_some(region));
-        assert!(d[0].allowed, "region {region}: {:?}", d[0]);
-    }
+    let mut c = Lockstep::last_two_in_hand();
     let mut tries = 0;
     while c.admitted < 6 && tries < 20 {
         let d = c.run(250, |s| (s == 0).then_some(0));
@@ -312,12 +316,7 @@ fn checks_in_hand_yield_to_a_caller_that_waits() {
     // retrying: its check is denied once, then looked at again (a dry run) at every interval.
     // Looking again keeps its ask out as a second deny would, so the checks in hand yield to
     // it within its wait (an interval every 20 ms here).
-    let mut c = Lockstep::new(6);
-    c.run(200, |_| None);
-    for region in [1, 2, 0, 0] {
-        let d = c.run(3_000, |s| (s == 0).then_some(region));
-        assert!(d[0].allowed, "region {region}: {:?}", d[0]);
-    }
+    let mut c = Lockstep::last_two_in_hand();
     let first = c.run(20, |s| (s == 0).then_some(0));
     assert!(!first[0].allowed);
     let mut waited = 20;

@@ -22,11 +22,10 @@ pub struct WindowBook {
     /// Usage and gifts of this window that live peers knew but a restarted node did not have
     /// when it declared itself synced and started deciding. Tokens.
     pub unrecovered: u64,
-    /// Tokens given back (refunds), already taken off `admitted`.
-    pub refunded: u64,
-    /// The same tokens by the region their request was asked at: a refunded request's
-    /// tokens were asked and then given back, so they are no longer demand the window had to
-    /// serve (`partition-share` compares what a side kept admitted with what it kept asking).
+    /// Tokens given back (refunds), already taken off `admitted`, by the region their
+    /// request was asked at: a refunded request's tokens were asked and then given back, so
+    /// they are no longer demand the window had to serve (`partition-share` compares what a
+    /// side kept admitted with what it kept asking).
     pub refunded_at: [u64; MAX_REGIONS],
     /// Tokens given back before the admissions they offset were recorded (the central
     /// counter's home gives back what it consumed in the window, some of it admitted
@@ -41,6 +40,11 @@ impl WindowBook {
     /// Tokens admitted over all regions.
     pub fn admitted_total(&self) -> u64 {
         self.admitted.iter().sum()
+    }
+
+    /// Tokens given back over all regions.
+    pub fn refunded(&self) -> u64 {
+        self.refunded_at.iter().sum()
     }
 
     /// Tokens asked for over all regions.
@@ -169,7 +173,6 @@ impl Ledger {
         tokens: u64,
     ) {
         let book = self.book(key, window);
-        book.refunded += tokens;
         book.refunded_at[region] += tokens;
         // Off the request's region first: a node gives back what it consumed in the window,
         // which for the central counter may have been asked elsewhere.

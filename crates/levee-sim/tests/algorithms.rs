@@ -56,7 +56,7 @@ fn every_algorithm_holds_its_property_with_costs_and_refunds() {
                 "{:?} admitted nothing: {replay}",
                 plan.algo
             );
-            let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded).sum();
+            let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded()).sum();
             assert!(refunded > 0, "{:?} gave nothing back: {replay}", plan.algo);
         }
         assert!(
@@ -133,7 +133,7 @@ fn a_side_that_served_its_demand_is_not_short_because_some_was_given_back() {
             o.replay_command()
         );
         let strict = o.run(Policy::Strict).expect("the strict run completed");
-        let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded).sum();
+        let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded()).sum();
         assert!(refunded > 0, "seed {seed} gave nothing back");
     }
 }

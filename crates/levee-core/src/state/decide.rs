@@ -25,7 +25,7 @@ impl KeyState {
         let ev = self.evaluate(target, cost, ctx);
         if !dry_run && cost > 0 {
             self.commit(target, cost, ev.would_allow, &ev, ctx);
-        } else if ev.asks_rights && cost > 0 && target.algorithm.epoch_len(ctx.now) > HORIZON_MS {
+        } else if cost > 0 && asks_rights(&ev, target.algorithm, ctx.now) {
             // A look again while this node's ask is out (a check waiting for rights,
             // `max_wait_ms`, is looked at again as a dry run whenever a peer's state arrives):
             // the caller is still asking.
@@ -168,11 +168,8 @@ impl KeyState {
             self.pending.tallies = true;
         }
         self.requested = self.requested.saturating_add(cost);
-        // In a long window demand is often too sparse to make a forecast, and rights lent
-        // away stay lent for the rest of it: a decision that finds this node short asks.
-        // (In a short window the forecast forms within two intervals and the window resets
-        // soon; asking there held rights at a region whose demand had moved on.)
-        if ev.asks_rights && algo.epoch_len(now) > HORIZON_MS {
+        // A decision that finds this node short asks (in a long window).
+        if asks_rights(ev, algo, now) {
             self.ask_rights(cost, algo.capacity(), now);
         }
         if admitted && let Algorithm::TokenBucket { .. } = algo {
@@ -184,6 +181,14 @@ impl KeyState {
             self.prune(algo, now);
         }
     }
+}
+
+/// Whether a decision evaluated as `ev` asks for rights: in a long window, where demand is
+/// often too sparse to make a forecast and rights lent away stay lent for the rest of it. (In
+/// a short window the forecast forms within two intervals and the window resets soon; asking
+/// there held rights at a region whose demand had moved on.)
+fn asks_rights(ev: &Evaluation, algo: &Algorithm, now: crate::time::Millis) -> bool {
+    ev.asks_rights && algo.epoch_len(now) > HORIZON_MS
 }
 
 /// Gives back up to `left` of what `me` consumed in `slot` (never more than its net

@@ -7,6 +7,14 @@ fn refused(text: &str) -> ConfigError {
     Config::parse(text, "t.toml").unwrap_err()
 }
 
+/// A `[[rule]]` table of a fixed window named `name`, with `limit` and `window` as written
+/// in TOML (a field on each of lines 4 and 5 of the table).
+fn fixed_window(name: &str, limit: &str, window: &str) -> String {
+    format!(
+        "[[rule]]\nname = \"{name}\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = {window}\n"
+    )
+}
+
 #[test]
 fn the_embedded_configuration_is_valid() {
     let c = Config::embedded();
@@ -36,17 +44,19 @@ fn an_unknown_field_names_its_line() {
 
 #[test]
 fn a_mistyped_field_names_its_path() {
-    let text =
-        "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = \"ten\"\nwindow = \"1s\"\n";
-    let e = refused(text);
+    let e = refused(&fixed_window("x", "\"ten\"", "\"1s\""));
     assert_eq!(e.line, Some(4), "{e}");
     assert!(e.field.contains("limit"), "{e}");
 }
 
 #[test]
 fn a_mistyped_rule_field_names_the_rule_and_the_field() {
-    let text = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n\n[[rule]]\nname = \"login-per-ip\"\nalgorithm = \"fixed_window\"\nlimit = \"ten\"\nwindow = \"1s\"\n";
-    let e = refused(text);
+    let text = format!(
+        "{}\n{}",
+        fixed_window("a", "5", "\"1s\""),
+        fixed_window("login-per-ip", "\"ten\"", "\"1s\"")
+    );
+    let e = refused(&text);
     assert_eq!(e.field, "rule \"login-per-ip\": limit", "{e}");
     assert_eq!(e.line, Some(10), "{e}");
     assert!(!e.to_string().contains("serde_spanned"), "{e}");
@@ -86,9 +96,7 @@ fn a_bad_trusted_proxy_names_the_field() {
 
 #[test]
 fn a_bad_duration_is_reported() {
-    let text =
-        "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"soon\"\n";
-    let e = refused(text);
+    let e = refused(&fixed_window("x", "5", "\"soon\""));
     assert_eq!(e.line, Some(5), "{e}");
     assert!(e.message.contains("invalid duration"), "{e}");
 }
@@ -117,7 +125,7 @@ fn a_bad_override_names_the_rule_the_entry_and_the_field() {
 
 #[test]
 fn duplicate_rule_names_are_refused() {
-    let rule = "[[rule]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n";
+    let rule = fixed_window("x", "5", "\"1s\"");
     let e = refused(&format!("{rule}{rule}"));
     assert_eq!(e.field, "rule[1].name");
     assert_eq!(e.line, Some(7));
@@ -133,8 +141,7 @@ fn byte_sizes_parse() {
 
 #[test]
 fn notify_tables_are_validated_naming_the_field() {
-    let rule =
-        "[[rule]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1s\"\n";
+    let rule = fixed_window("api", "5", "\"1s\"");
     let ok = Config::parse(
         &format!("{rule}[[notify]]\nurl = \"http://127.0.0.1:9/h\"\n"),
         "t.toml",

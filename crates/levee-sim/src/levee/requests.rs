@@ -175,7 +175,7 @@ impl<'p> Driver<'p> {
             let book = self.ledger.book(ask.key, window);
             // Refunds not yet gossiped may still count in a node's view: room is what the
             // admissions left before any refund.
-            if book.admitted_total() + book.refunded + ask.cost <= limit {
+            if book.admitted_total() + book.refunded() + ask.cost <= limit {
                 book.retry_with_room.0 += 1;
                 book.retry_with_room.1 = book.retry_with_room.1.max(decision.retry_after_ms);
             }
