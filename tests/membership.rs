@@ -488,3 +488,64 @@ fn a_leave_does_not_wait_for_a_peer_that_is_not_heard_and_the_peer_learns_of_it_
         peer_states(&c, us2)
     );
 }
+
+/// A region's weight is raised while a node of it is down, and it starts again on the new
+/// list: its share of a day's limit grew from 300 to 450. A running node holds a grown share
+/// back until the day after next (docs/membership.md); the restarted one knew nothing of the
+/// old weights (they are in no file it reads). Now its peer tells it, answering its pull, the
+/// list it ran before and since when (`ListsBefore`), and it holds its share at the old 300
+/// as a running node does. On the binary before this change it admitted 400 here: the day
+/// held only because us's 200 had reached it before it spent; with us's checks still in
+/// flight the same restart went over the limit (`levee-sim --seed 4674 --scenario reweight`:
+/// 211 of 208).
+#[test]
+fn a_node_restarted_after_a_reweight_does_not_spend_its_grown_share_today() {
+    // Even weights: 300 each.
+    const US_SPENT: u64 = 200;
+    // The day must not end during the test (a new day would rightly admit again).
+    let into_day = now_ms() % DAY_MS;
+    if into_day > DAY_MS - 120_000 {
+        std::thread::sleep(Duration::from_millis(DAY_MS - into_day + 1_000));
+    }
+    let mut c = LocalClusterHandle::start_layout(&["eu", "us"], 1, None);
+    let [eu, us] = [c.idx("eu-1"), c.idx("us-1")];
+    let key = "reweighted";
+    // eu is frozen meanwhile: it gives us none of its rights.
+    c.sigstop(eu);
+    c.admit(us, "daily", key, US_SPENT);
+    c.kill9(eu);
+    // us alone runs the new list: not agreed while eu is down.
+    c.reweight_regions("eu = 3, us = 1", &[us], false);
+    c.start_node(eu);
+    // It says so once it hears the lists before (asserted after the limit, which is the
+    // point).
+    let held = "the node list changed while this node was down";
+    let told = wait_until(READY_TIMEOUT, || c.c.log_tail(eu, 400).contains(held));
+    let mut admitted = 0;
+    for _ in 0..DAILY_LIMIT {
+        if c.check(eu, "daily", key).allowed() {
+            admitted += 1;
+        }
+    }
+    eprintln!(
+        "us admitted {US_SPENT} under the old weights; eu-1, restarted on eu = 3, admitted {admitted}"
+    );
+    assert!(
+        US_SPENT + admitted <= DAILY_LIMIT,
+        "the day admitted {} of {DAILY_LIMIT}",
+        US_SPENT + admitted
+    );
+    assert!(
+        admitted <= DAILY_LIMIT / 2,
+        "eu-1 spent {admitted}, above its old share of 300, on the day its share grew"
+    );
+    assert!(
+        admitted > 0,
+        "eu-1 held its old share, 300, of which it had spent nothing"
+    );
+    assert!(
+        told,
+        "eu-1 did not say it holds its grown share back; its log:\n{}",
+        c.c.log_tail(eu, 40)
+    );
+}

@@ -260,18 +260,43 @@ impl LocalClusterHandle {
         // config watcher), and one that did before this read would look unchanged.
         let before: Vec<Value> = nodes.iter().map(|&i| self.membership(i)).collect();
         self.c.set_list(&list).unwrap_or_else(|e| panic!("{e}"));
+        self.reload(nodes, &before, agreed, &format!("{list:?}"));
+    }
+
+    /// Writes the region weights `weights` (as the `[cluster] regions` table holds them,
+    /// e.g. `eu = 3, us = 1`) into every node's configuration, sends `nodes` SIGHUP, and
+    /// waits until each of them runs the new list — and sees it agreed, with `agreed`.
+    pub(crate) fn reweight_regions(&mut self, weights: &str, nodes: &[usize], agreed: bool) {
+        let before: Vec<Value> = nodes.iter().map(|&i| self.membership(i)).collect();
+        for i in 0..self.len() {
+            let path = self.node(i).config.clone();
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("regions = {"))
+                .unwrap_or_else(|| panic!("{}: no regions line", path.display()));
+            let text = text.replacen(line, &format!("regions = {{ {weights} }}"), 1);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        self.reload(nodes, &before, agreed, weights);
+    }
+
+    /// Sends `nodes` SIGHUP and waits until each runs another list than `before` says
+    /// (`what`), and sees it agreed if `agreed`.
+    fn reload(&self, nodes: &[usize], before: &[Value], agreed: bool, what: &str) {
         for &i in nodes {
             self.c.signal(i, "HUP").unwrap_or_else(|e| panic!("{e}"));
         }
         let ok = wait_until(READY_TIMEOUT, || {
-            nodes.iter().zip(&before).all(|(&i, was)| {
+            nodes.iter().zip(before).all(|(&i, was)| {
                 let m = self.membership(i);
                 m["digest"] != was["digest"] && (!agreed || m["agreed"] == true)
             })
         });
         assert!(
             ok,
-            "the nodes did not take the list {list:?} (agreed: {agreed}) within {READY_TIMEOUT:?}: {:?}",
+            "the nodes did not take the list {what} (agreed: {agreed}) within {READY_TIMEOUT:?}: {:?}",
             nodes
                 .iter()
                 .map(|&i| (self.id(i), self.membership(i)))

@@ -1,6 +1,6 @@
 //! What the state machine reports to its driver ([`crate::Cluster::poll_event`]).
 
-use levee_core::{ClusterView, NodeIdx, RegionIdx};
+use levee_core::{ClusterView, Millis, NodeIdx, RegionIdx};
 use levee_proto::{ForwardCheck, ForwardDecision};
 
 /// Correlates a forwarded batch of checks with its answer.
@@ -27,6 +27,13 @@ pub enum Event {
     /// events must be seen to grow, so that the growth waits
     /// (`levee_core::Rule::bind_no_higher`).
     SharesChanged(levee_core::ReplicaSet),
+    /// This node started, and these lists were run before its own (what it heard answering
+    /// its pull, `Message::ListsBefore`), each with when it stopped being run (this node's
+    /// clock), oldest first: hold every rule's shares no higher than under those whose change
+    /// may still count (`levee_core::Rule::held_by_lists_before`), so that a share that grew
+    /// with a change made while this node was down waits as a running node's does. Reported
+    /// once, just before [`Event::Synced`], when there are any.
+    ListsBefore(Vec<(levee_core::ReplicaSet, Millis)>),
     /// This node has merged every peer's whole state since these nodes were removed
     /// (`machine/heirs.rs`): what it takes over of their rights may count now
     /// (`levee_core::Rule::settle_bequests`). Only theirs: a node removed since has a pull of

@@ -83,6 +83,9 @@ pub(crate) struct PeerLink {
     pub(crate) deferred: bool,
     /// Its answer to our pull arrived whole.
     pub(crate) pull_done: bool,
+    /// It told us, answering our pull, the lists it ran before its own
+    /// ([`Message::ListsBefore`]; a node of an earlier version never does).
+    pub(crate) before_heard: bool,
     /// Its answer to our pull after a removal arrived whole (`machine/heirs.rs`).
     pub(crate) heir_pulled: bool,
     /// Full states waiting to be sent to it, paced by `budget`. Each key is in it at most
@@ -191,6 +194,7 @@ impl Default for PeerLink {
             clock: ClockEstimate::default(),
             deferred: false,
             pull_done: false,
+            before_heard: false,
             heir_pulled: false,
             queue: VecDeque::new(),
             queued: HashSet::new(),

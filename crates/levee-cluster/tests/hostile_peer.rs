@@ -498,3 +498,43 @@ fn an_ask_for_missed_batches_is_repeated_once() {
         assert!(asks(&mut node).is_empty(), "only once");
     }
 }
+
+/// A `ListsBefore` with more lists than `MAX_FLOOR_LISTS`, or a list that is no valid list,
+/// is refused whole and counted; a list this node's own does not succeed, or one stopped
+/// longer ago than any clock reaches, changes nothing and the node keeps running.
+#[test]
+fn a_hostile_lists_before_is_refused_or_ignored() {
+    use levee_proto::{ListBefore, MAX_FLOOR_LISTS, MemberList};
+    let mut node = Node::new();
+    let before = node.cluster.refused();
+    let (regions, nodes) = node.cluster.spending().specs();
+    let mine = MemberList { regions, nodes };
+    let at = |list: &MemberList, ago_ms: u64| ListBefore {
+        list: list.clone(),
+        ago_ms,
+    };
+    node.receive(Message::ListsBefore {
+        lists: vec![at(&mine, 0); MAX_FLOOR_LISTS + 1],
+    });
+    let empty = MemberList {
+        regions: Vec::new(),
+        nodes: Vec::new(),
+    };
+    node.receive(Message::ListsBefore {
+        lists: vec![at(&mine, 0), at(&empty, 0)],
+    });
+    assert_eq!(node.cluster.refused() - before, 2);
+    let elsewhere = MemberList {
+        regions: vec![("ap".into(), 1)],
+        nodes: vec![ReplicaSpec {
+            id: "ap-1".into(),
+            region: "ap".into(),
+            weight: None,
+        }],
+    };
+    node.receive(Message::ListsBefore {
+        lists: vec![at(&elsewhere, 0), at(&mine, u64::MAX)],
+    });
+    assert_eq!(node.cluster.refused() - before, 2);
+    node.drain();
+}

@@ -129,6 +129,26 @@ fn frames_round_trip() {
         Message::Missed {
             since_ms: 1_700_000_000_080,
         },
+        Message::ListsBefore {
+            lists: vec![ListBefore {
+                list: MemberList {
+                    regions: vec![("eu".into(), 1), ("us".into(), 2)],
+                    nodes: vec![
+                        levee_core::ReplicaSpec {
+                            id: "eu-1".into(),
+                            region: "eu".into(),
+                            weight: None,
+                        },
+                        levee_core::ReplicaSpec {
+                            id: "us-1".into(),
+                            region: "us".into(),
+                            weight: Some(3),
+                        },
+                    ],
+                },
+                ago_ms: 86_400_000,
+            }],
+        },
     ] {
         let frame = encode_frame(&msg).unwrap();
         assert_eq!(decode_frame(&frame).unwrap(), msg);
@@ -319,8 +339,11 @@ fn messages_sent_as_the_previous_version_come_back_as_they_were() {
         assert_eq!(decode_frame(&frame).unwrap(), msg);
     }
     let missed = Message::Missed { since_ms: 1 };
-    assert_eq!(encode_frame_as(2, &missed).unwrap(), None);
-    assert!(encode_frame_as(VERSION, &missed).unwrap().is_some());
+    let before = Message::ListsBefore { lists: Vec::new() };
+    for newer in [missed, before] {
+        assert_eq!(encode_frame_as(2, &newer).unwrap(), None);
+        assert!(encode_frame_as(VERSION, &newer).unwrap().is_some());
+    }
     for other in [0, 1, VERSION + 1] {
         assert!(matches!(
             encode_frame_as(other, &Message::PullRequest),

@@ -347,6 +347,30 @@ pub enum Message {
         /// The `sent_at_ms` of the last batch received before the gap.
         since_ms: u64,
     },
+    /// Sent right after the whole answer to a [`Message::PullRequest`] (and with the answer
+    /// to a `Membership` that asks for a reply): the lists the sender ran before the one it
+    /// runs (at most [`MAX_FLOOR_LISTS`], the latest), each with how long ago it stopped
+    /// running it. A node that starts binds its shares by those still recent enough to count
+    /// (a share that grew with a change made while the node was down waits as a running
+    /// node's does: docs/membership.md). Added at the end: versions before it decode every
+    /// other message as before, and refuse this one as unknown (which stops the stream it
+    /// came on: hence after the pull's answer, not before); a starting node that pulls from
+    /// such a peer waits `suspect_after` for it before it decides.
+    ListsBefore {
+        /// The lists, each with how long before the message was sent the sender stopped
+        /// running it, oldest first.
+        lists: Vec<ListBefore>,
+    },
+}
+
+/// One list of a [`Message::ListsBefore`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListBefore {
+    /// The list.
+    pub list: MemberList,
+    /// How long before the message was sent the sender stopped running it (it reloaded a
+    /// later list), in ms.
+    pub ago_ms: u64,
 }
 
 /// One node heard directly by the sender of a [`Message::Heard`].

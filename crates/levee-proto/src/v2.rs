@@ -6,7 +6,7 @@
 //!
 //! Version 2 differs from version 3 in two places: a batch has no `prev_ms` (it decodes as 0,
 //! "unknown", so a gap before it is never reported), and `Message` ends with `Heard` (version
-//! 3 adds `Missed`, which is not sent as version 2).
+//! 3 adds `Missed`, and later `ListsBefore`, neither sent as version 2).
 
 use serde::{Deserialize, Serialize};
 
@@ -134,7 +134,7 @@ impl From<MessageV2> for Message {
 
 impl MessageV2 {
     /// `msg` in version 2's layout, or `None` for a message version 2 does not have
-    /// (`Missed`: a node of that version would refuse it).
+    /// (`Missed`, `ListsBefore`: a node of that version would refuse it).
     fn of(msg: &Message) -> Option<MessageV2> {
         Some(match msg.clone() {
             Message::Hello(h) => MessageV2::Hello(h),
@@ -165,7 +165,7 @@ impl MessageV2 {
                 reply,
             },
             Message::Heard { gateway, nodes } => MessageV2::Heard { gateway, nodes },
-            Message::Missed { .. } => return None,
+            Message::Missed { .. } | Message::ListsBefore { .. } => return None,
         })
     }
 }

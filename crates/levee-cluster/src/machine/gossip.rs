@@ -7,7 +7,6 @@ use levee_proto::{KeyEntry, Message};
 
 use super::{Cluster, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND};
 use crate::digest::digest_message;
-use crate::event::Event;
 use crate::peer::{MAX_KEYS_PER_MESSAGE, MissedKeys, PUSH_KEYS_PER_TICK, batch};
 use crate::routing::key_of;
 use crate::store::KeyStates;
@@ -16,7 +15,15 @@ impl Cluster {
     /// Sends `to` what its queue holds, up to this interval's budget.
     pub(super) fn pump(&mut self, to: NodeIdx, now: Millis, store: &mut dyn KeyStates) {
         while let Some(msg) = self.peer[usize::from(to.0)].next_queued(&*store, now) {
+            let answered = matches!(msg, Message::PullChunk { done: true, .. });
             self.send(to, msg, now);
+            if answered {
+                // Right after the whole answer, not before it: a node of a build before
+                // `ListsBefore` refuses it, which stops the stream it came on, and with it
+                // what follows until the next frame opens another (a lost batch it asks for
+                // again), never its pull's answer.
+                self.send_lists_before(to, now);
+            }
         }
     }
 
@@ -78,8 +85,7 @@ impl Cluster {
                     && links
                         .iter()
                         .all(|&p| !m.is_reachable(p) && !self.peer[usize::from(p.0)].deferred);
-                self.synced = true;
-                self.events.push_back(Event::Synced);
+                self.become_synced();
                 self.report_view();
             }
         }

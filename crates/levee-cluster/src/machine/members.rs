@@ -3,7 +3,7 @@
 //! view (a list that removes this node), and the pull after a removal (`heirs.rs`).
 
 use levee_core::{Millis, NodeIdx, ReplicaSet, ReplicaSetError};
-use levee_proto::{MAX_FLOOR_LISTS, MemberList, Message};
+use levee_proto::{ListBefore, MAX_FLOOR_LISTS, MemberList, Message};
 
 use super::Cluster;
 use crate::event::Event;
@@ -14,11 +14,12 @@ impl Cluster {
     /// shares apply once every live node of it says it runs it; until then each share is the
     /// smaller of the old and the new. New peers start unreachable; every peer is told.
     pub fn change_list(&mut self, next: ReplicaSet, now: Millis) -> Result<(), ReplicaSetError> {
-        let before = self.lists.current().digest();
+        let before = self.lists.current().clone();
         self.lists.change(next)?;
-        if self.lists.current().digest() == before {
+        if self.lists.current().digest() == before.digest() {
             return Ok(());
         }
+        let _ = self.ran_until(before, now);
         let n = self.lists.current().len();
         self.membership.grow(n);
         self.peer.resize(n, crate::peer::PeerLink::default());
@@ -45,10 +46,7 @@ impl Cluster {
 
     /// Tells `peer` the list this node runs, and the lists that still bound its shares.
     pub(super) fn send_list(&mut self, peer: NodeIdx, now: Millis) {
-        let spec = |l: &ReplicaSet| {
-            let (regions, nodes) = l.specs();
-            MemberList { regions, nodes }
-        };
+        let spec = member_list;
         let list = spec(self.lists.current());
         let floors = self
             .lists
@@ -93,6 +91,86 @@ impl Cluster {
             .leave_acknowledged(|n| self.membership.is_reachable(n))
     }
 
+    /// Notes that `list` was run until `until` (this node's clock): by this node, or by a
+    /// peer that says so. The latest [`MAX_FLOOR_LISTS`] are kept. Returns whether that is
+    /// news (a list not kept, or run later than kept).
+    fn ran_until(&mut self, list: ReplicaSet, until: Millis) -> bool {
+        if list.digest() == self.lists.current().digest() {
+            return false;
+        }
+        let kept = &mut self.lists_before;
+        let news = match kept.iter_mut().find(|(l, _)| l.digest() == list.digest()) {
+            Some((_, t)) if *t >= until => false,
+            Some((_, t)) => {
+                *t = until;
+                true
+            }
+            None => {
+                kept.push((list, until));
+                true
+            }
+        };
+        kept.sort_by_key(|&(_, t)| t);
+        let extra = kept.len().saturating_sub(MAX_FLOOR_LISTS);
+        kept.drain(..extra);
+        news
+    }
+
+    /// Tells `peer`, which asked for this node's state or list (it may have restarted during
+    /// a change), the lists this node ran before its own and how long ago it stopped: sent
+    /// right after the whole answer to its pull, and it decides nothing before it has it
+    /// (unless it gave up waiting for its peers and started from its own disk: it then binds
+    /// by them once they arrive, with the answer to its list's `reply`).
+    pub(super) fn send_lists_before(&mut self, peer: NodeIdx, now: Millis) {
+        let lists = self
+            .lists_before
+            .iter()
+            .map(|(l, until)| ListBefore {
+                list: member_list(l),
+                ago_ms: now.saturating_sub(*until),
+            })
+            .collect();
+        self.send(peer, Message::ListsBefore { lists }, now);
+    }
+
+    /// `from`, answering this node's pull or list, says it ran `lists` before its own: those
+    /// of them this node's own list succeeds bound its shares (`Event::ListsBefore`, reported
+    /// as it syncs, or at once if it has and they are news). More than [`MAX_FLOOR_LISTS`],
+    /// or a list out of bounds, is refused whole.
+    pub(super) fn lists_before_heard(&mut self, from: NodeIdx, lists: &[ListBefore], now: Millis) {
+        let Some(sets) = (lists.len() <= MAX_FLOOR_LISTS)
+            .then(|| {
+                lists
+                    .iter()
+                    .map(|l| member_set(&l.list).map(|set| (set, l.ago_ms)))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .flatten()
+        else {
+            self.refused += 1;
+            return;
+        };
+        let mut news = false;
+        for (set, ago) in sets {
+            // Only a list this node's own succeeds can have been run before it (a peer's
+            // older or unrelated history says nothing of the shares here). The time is when
+            // the answer arrived, less the age: no earlier than the peer stopped.
+            if set.check_successor(self.lists.current()).is_ok() {
+                news |= self.ran_until(set, now.saturating_sub(ago));
+            }
+        }
+        self.peer[usize::from(from.0)].before_heard = true;
+        if !self.synced {
+            self.sync_if_listed(now);
+        } else if news {
+            // Synced without it (from its own disk, its peers unreachable), or a pull after
+            // a removal brought a later stop: bind by it from now on. (For lists a running
+            // node ran itself, its own waits already last at least as long.)
+            self.events
+                .push_back(Event::ListsBefore(self.lists_before.clone()));
+        }
+    }
+
     /// `from` says it runs `list`, bounded by `floors`, and knows the nodes at `leaving` are
     /// leaving: the shares spent and the keys' owners may change.
     pub(super) fn list_reported(
@@ -103,11 +181,7 @@ impl Cluster {
         leaving: Vec<u16>,
         now: Millis,
     ) {
-        let set = |l: &MemberList| {
-            l.within_bounds()
-                .then(|| ReplicaSet::new(&l.regions, &l.nodes).ok())
-                .flatten()
-        };
+        let set = member_set;
         let (Some(set), Some(floors)) = (
             set(list),
             (floors.len() <= MAX_FLOOR_LISTS)
@@ -162,4 +236,17 @@ impl Cluster {
             self.report_view();
         }
     }
+}
+
+/// A list as it travels.
+fn member_list(l: &ReplicaSet) -> MemberList {
+    let (regions, nodes) = l.specs();
+    MemberList { regions, nodes }
+}
+
+/// The list a peer sent, if it is within bounds and valid.
+fn member_set(l: &MemberList) -> Option<ReplicaSet> {
+    l.within_bounds()
+        .then(|| ReplicaSet::new(&l.regions, &l.nodes).ok())
+        .flatten()
 }

@@ -112,6 +112,11 @@ pub struct Cluster {
     pulled_from: Option<(NodeIdx, Millis)>,
     /// When the last pull was asked for (re-asked while not synced: answers can be lost).
     last_pull: Millis,
+    /// The lists this node ran before its own, and while it started those its peers said
+    /// they ran, each with when it stopped being run (this node's clock), oldest first: at
+    /// most `MAX_FLOOR_LISTS`, the latest. Told to a peer that pulls (it may have restarted
+    /// during a change: `Message::ListsBefore`, `Event::ListsBefore`).
+    lists_before: Vec<(ReplicaSet, Millis)>,
     /// Synced with nobody to pull from while peers it gossips with were listed and none was
     /// reachable: its own state before the start is unknown (`ClusterView::blind_since`).
     /// Cleared by the first whole answer to a pull, asked again every `pull_retry` until then.
@@ -161,6 +166,7 @@ impl Cluster {
             synced: n == 1,
             pulled_from: None,
             last_pull: now,
+            lists_before: Vec::new(),
             blind: false,
             durable: false,
             heir_pull: None,

@@ -104,7 +104,12 @@ impl Cluster {
             } => {
                 self.list_reported(from, &list, &floors, leaving, now);
                 if reply {
+                    // It just started: it may also miss the lists run before (its pull's
+                    // answer may have been lost, and it synced from its own disk).
                     self.send_list(from, now);
+                    if !self.lists_before.is_empty() {
+                        self.send_lists_before(from, now);
+                    }
                 }
             }
             Message::Deltas(batch) => {
@@ -123,6 +128,7 @@ impl Cluster {
                 self.send(from, Message::PullDeferred, now);
             }
             Message::PullDeferred => self.peer[i].deferred = true,
+            Message::ListsBefore { lists } => self.lists_before_heard(from, &lists, now),
             Message::PullChunk { batch, done } => {
                 self.merge_batch(from, batch, false, now, store);
                 if done && !self.synced {
@@ -351,11 +357,14 @@ impl Cluster {
     /// Synced once the state pulled from a peer is complete and that peer's list was heard
     /// (frames can overtake each other: a node that starts during a change must be bounded
     /// by the lists in play before it spends), and every other peer it pulled from has
-    /// answered whole too, or is recovering itself, or is down (not heard within
+    /// answered whole too, and said which lists it ran before its own
+    /// ([`Message::ListsBefore`]: a share that grew with a change made while this node was
+    /// down must wait), or is recovering itself, or is down (not heard within
     /// `suspect_after` of the start): the node's last batch to one peer may have been lost
     /// just before it stopped, or still be on its way to it, and another's answer holds it.
     /// Or `suspect_after` after the first complete answer, whatever the others (a peer that
-    /// says no list, a version before live membership; one whose answer does not come).
+    /// says no list, or no lists before: a version before live membership, or before
+    /// `ListsBefore`; one whose answer does not come).
     pub(super) fn sync_if_listed(&mut self, now: Millis) {
         let Some((peer, at)) = self.pulled_from else {
             return;
@@ -368,14 +377,26 @@ impl Cluster {
         let started_long_ago = now.saturating_sub(self.started) >= self.cfg.suspect_after;
         let all_answered = links.iter().all(|&p| {
             let st = &peers[usize::from(p.0)];
-            st.pull_done || st.deferred || (started_long_ago && !m.is_reachable(p))
+            (st.pull_done && st.before_heard)
+                || st.deferred
+                || (started_long_ago && !m.is_reachable(p))
         });
         if (self.lists.report(peer).is_some() && all_answered)
             || now.saturating_sub(at) >= self.cfg.suspect_after
         {
-            self.synced = true;
-            self.events.push_back(Event::Synced);
+            self.become_synced();
         }
+    }
+
+    /// Synced: the lists run before this node's that it heard of go to the driver first
+    /// (`Event::ListsBefore`), then `Event::Synced`.
+    pub(super) fn become_synced(&mut self) {
+        self.synced = true;
+        if !self.lists_before.is_empty() {
+            self.events
+                .push_back(Event::ListsBefore(self.lists_before.clone()));
+        }
+        self.events.push_back(Event::Synced);
     }
 
     /// Queues for peer `i` the keys of the digest buckets `wanted` (sorted, out of

@@ -27,6 +27,8 @@ pub(crate) struct Net {
     pub(crate) lose_pull_answers_until: u64,
     /// The next `Deltas` with keys on this link `(from, to)` is lost.
     pub(crate) lose_next_batch: Option<(usize, usize)>,
+    /// `ListsBefore` messages are never sent (as by a node of a version before them).
+    pub(crate) no_lists_before: bool,
     /// Every `Deltas` and `Heard` message sent: (time, from, to).
     pub(crate) gossip_log: Vec<(u64, usize, usize)>,
 }
@@ -117,6 +119,7 @@ impl Net {
             sent: 0,
             lose_pull_answers_until: 0,
             lose_next_batch: None,
+            no_lists_before: false,
             gossip_log: Vec::new(),
         };
         net.flush();
@@ -149,8 +152,11 @@ impl Net {
                 if lost_batch {
                     self.lose_next_batch = None;
                 }
+                let unknown =
+                    matches!(out.msg, Message::ListsBefore { .. }) && self.no_lists_before;
                 if lost_answer
                     || lost_batch
+                    || unknown
                     || self.drop_every.is_some_and(|k| self.sent.is_multiple_of(k))
                 {
                     continue;
@@ -206,9 +212,15 @@ impl Net {
     /// Node `node` restarts with nothing, as a crashed process does: a new `Cluster` (the
     /// harness's configuration, mesh) and an empty store. Its pull goes out at the next flush.
     pub(crate) fn restart(&mut self, node: usize) {
+        let replicas = self.replicas.clone();
+        self.restart_with(node, replicas);
+    }
+
+    /// [`Net::restart`] with `replicas` as the node's configured list.
+    pub(crate) fn restart_with(&mut self, node: usize, replicas: ReplicaSet) {
         let cfg = ClusterConfig {
             me: NodeIdx(node as u16),
-            replicas: self.replicas.clone(),
+            replicas,
             gossip_interval: TICK,
             suspect_after: 300,
             anti_entropy_interval: 200,

@@ -266,6 +266,53 @@ impl Rule {
         grows_at
     }
 
+    /// For a node that starts: this rule bound in full to `spending` (the list decisions
+    /// spend by), held no higher than `in_force` (the rule as the node holds it now) and than
+    /// its shares under each list of `before` (lists run before `spending`'s, each with when
+    /// it stopped being run) whose change may still count at `now`: until
+    /// [`Rule::shares_may_grow_at`] the time it stopped. A share that grew with a change made
+    /// while the node was down waits as a running node's does (docs/membership.md, "A node
+    /// that starts"). Returns the held rule and when this one replaces it, or `None` if no
+    /// such list holds a part of any capacity below this rule's.
+    pub fn held_by_lists_before(
+        &self,
+        in_force: &Rule,
+        spending: &ReplicaSet,
+        before: &[(ReplicaSet, Millis)],
+        now: Millis,
+    ) -> Option<(Rule, Millis)> {
+        let counting: Vec<&(ReplicaSet, Millis)> = before
+            .iter()
+            .filter(|(_, until)| self.shares_may_grow_at(*until) > now)
+            .collect();
+        let at = counting
+            .iter()
+            .map(|(_, until)| self.shares_may_grow_at(*until))
+            .max()?;
+        let lists: Vec<ReplicaSet> = counting.iter().map(|(l, _)| l.clone()).collect();
+        let mut held = self.clone();
+        held.keep_shares_of(in_force);
+        held.bind_no_higher(&spending.with_floors(&lists), now);
+        let lower = |held: &[u64], full: &[u64]| held.iter().zip(full).any(|(h, f)| h < f);
+        let held_down = lower(&held.split, &self.split)
+            || held
+                .classes
+                .iter()
+                .zip(&self.classes)
+                .any(|(h, f)| lower(&h.split, &f.split));
+        held_down.then_some((held, at))
+    }
+
+    /// The latest time a share of this rule that changed at `at` may grow: the latest of
+    /// [`Algorithm::shares_may_grow_at`] over its own bucket and its classes' own.
+    pub fn shares_may_grow_at(&self, at: Millis) -> Millis {
+        self.classes
+            .iter()
+            .filter_map(|c| c.own)
+            .map(|own| own.shares_may_grow_at(at))
+            .fold(self.algorithm.shares_may_grow_at(at), Millis::max)
+    }
+
     fn bound(&self) -> Option<&[u64]> {
         (!self.split.is_empty()).then_some(self.split.as_slice())
     }

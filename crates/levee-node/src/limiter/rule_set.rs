@@ -190,6 +190,48 @@ impl RuleSet {
         }
     }
 
+    /// These rules as a node that starts holds them once it hears the lists run before its
+    /// own, each with when it stopped being run (`levee_cluster::Event::ListsBefore`): every
+    /// share no higher than under those whose change may still count at `now`, until it
+    /// may grow ([`Rule::held_by_lists_before`]; a share that already waits keeps waiting
+    /// at least as long). `None` if no rule is held down.
+    pub fn held_by_lists_before(
+        &self,
+        before: &[(ReplicaSet, Millis)],
+        now: Millis,
+    ) -> Option<RuleSet> {
+        let mut any = false;
+        let ordered: Vec<Arc<RuleEntry>> = self
+            .ordered
+            .iter()
+            .map(|e| {
+                let waits = e.later.as_ref().filter(|(at, _)| now < *at);
+                let full = e.later.as_ref().map_or(&e.rule, |(_, r)| r);
+                let Some((held, at)) =
+                    full.held_by_lists_before(e.rule_at(now), &self.replicas, before, now)
+                else {
+                    return Arc::clone(e);
+                };
+                any = true;
+                let at = waits.map_or(at, |&(w, _)| at.max(w));
+                Arc::new(RuleEntry {
+                    rule: held,
+                    metrics: e.metrics.clone(),
+                    later: Some((at, full.clone().growing_from(at))),
+                })
+            })
+            .collect();
+        any.then(|| RuleSet {
+            by_name: ordered
+                .iter()
+                .map(|e| (e.rule.name.clone(), Arc::clone(e)))
+                .collect(),
+            ordered,
+            replicas: self.replicas.clone(),
+            me: self.me,
+        })
+    }
+
     /// These rules with the bequests of the nodes `removed` settled
     /// (`levee_cluster::Event::BequestsSettled`), or `None` if none waited.
     pub fn with_bequests_settled(&self, removed: &[NodeIdx]) -> Option<RuleSet> {

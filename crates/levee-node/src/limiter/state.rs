@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use levee_core::{ClusterView, DecideCtx, Decision, KeyState, ReplicaSet, RuleMode};
+use levee_core::{ClusterView, DecideCtx, Decision, KeyState, Millis, ReplicaSet, RuleMode};
 
 use super::clock::Clock;
 use super::idempotency::{IdempotencyCache, idempotency_cache};
@@ -110,6 +110,24 @@ impl Limiter {
         let now = self.clock.now_ms();
         self.rules
             .store(Arc::new(current.rebound(&current, spending, now)));
+    }
+
+    /// Holds the rules' shares, as a node that starts does, no higher than under the lists
+    /// run before its own whose change may still count ([`RuleSet::held_by_lists_before`]).
+    /// Returns the rules held down.
+    pub fn hold_by_lists_before(&self, before: &[(ReplicaSet, Millis)]) -> Vec<String> {
+        let now = self.clock.now_ms();
+        let Some(held) = self.rules.load().held_by_lists_before(before, now) else {
+            return Vec::new();
+        };
+        let names = held
+            .ordered
+            .iter()
+            .filter(|e| e.later.as_ref().is_some_and(|(at, _)| now < *at))
+            .map(|e| e.rule.name.clone())
+            .collect();
+        self.rules.store(Arc::new(held));
+        names
     }
 
     /// What the rules in force take over of the nodes `removed` counts from now

@@ -408,6 +408,19 @@ impl Replication {
                     let spending = self.cluster.lock().spending();
                     host.limiter().rebind(spending);
                 }
+                Event::ListsBefore(before) => {
+                    // In order with the rebinds (this comes before `Synced`: nothing was
+                    // decided under the shares it holds down).
+                    let _order = self.shares_order.lock();
+                    let rules = host.limiter().hold_by_lists_before(&before);
+                    if !rules.is_empty() {
+                        tracing::info!(
+                            ?rules,
+                            "the node list changed while this node was down: shares it grew by \
+                             wait as on a running node (docs/membership.md)"
+                        );
+                    }
+                }
                 Event::BequestsSettled(removed) => {
                     // In order with the rebinds that made the bequests.
                     let _order = self.shares_order.lock();

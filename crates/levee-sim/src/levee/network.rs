@@ -110,6 +110,10 @@ impl<'p> Driver<'p> {
             match event {
                 Event::Synced => self.note_sync(n),
                 Event::BequestsSettled(removed) => self.nodes[n].states.settle_bequests(&removed),
+                Event::ListsBefore(before) => {
+                    let t = self.clock(n);
+                    self.nodes[n].states.hold_by_lists_before(&before, t);
+                }
                 Event::SharesChanged(list) => {
                     // As the node does: bind the rule to the event's list, then to the
                     // machine's current one.

@@ -159,6 +159,24 @@ impl SimStates {
         self.replicas = spending;
     }
 
+    /// Holds the rules' shares no higher than under the lists run before the node's own
+    /// whose change may still count at `now`, as the node's `RuleSet::held_by_lists_before`
+    /// does on `Event::ListsBefore` (a share that already waits keeps waiting at least as
+    /// long).
+    pub fn hold_by_lists_before(&mut self, before: &[(ReplicaSet, Millis)], now: Millis) {
+        for b in &mut self.rules {
+            let waits = b.later.as_ref().map(|(at, _)| *at).filter(|&at| now < at);
+            let full = b.later.as_ref().map_or(&b.rule, |(_, r)| r).clone();
+            if let Some((held, at)) =
+                full.held_by_lists_before(b.at(now), &self.replicas, before, now)
+            {
+                let at = waits.map_or(at, |w| at.max(w));
+                b.rule = held;
+                b.later = Some((at, full.growing_from(at)));
+            }
+        }
+    }
+
     /// What the rules take over of the nodes `removed` counts from now, as the node's
     /// `settle_bequests` does on `Event::BequestsSettled`.
     pub fn settle_bequests(&mut self, removed: &[NodeIdx]) {
