@@ -45,6 +45,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 pub(crate) struct PeerConn {
     pub(crate) conn: Connection,
     pub(crate) budget: Arc<Semaphore>,
+    /// The incarnation the peer's `Hello` said on this connection: its process.
+    pub(crate) incarnation: u64,
 }
 
 /// Who the peer must prove to be.
@@ -72,8 +74,13 @@ pub(crate) async fn connect(
     let hello = handshake(shared, &conn, Expect::Dialled(peer), &budget).await?;
     metrics::connection_established(&hello.node, "outbound");
     debug!(peer, %addr, "connected");
+    let incarnation = hello.incarnation;
     tokio::spawn(serve(shared.clone(), conn.clone(), hello, budget.clone()));
-    Ok(PeerConn { conn, budget })
+    Ok(PeerConn {
+        conn,
+        budget,
+        incarnation,
+    })
 }
 
 /// Completes an incoming connection: TLS (the client certificate is verified by the server
@@ -101,7 +108,7 @@ pub(crate) async fn accept(shared: Arc<Shared>, incoming: quinn::Incoming) {
         Ok(hello) => {
             metrics::connection_established(&hello.node, "inbound");
             debug!(peer = %hello.node, %remote, "accepted a connection");
-            shared.heard(&hello.node, conn.rtt());
+            shared.heard_hello(&hello.node, hello.incarnation, conn.rtt());
             serve(shared, conn, hello, budget).await;
         }
         Err(reason) => debug!(%remote, %reason, "incoming connection failed before its Hello"),

@@ -413,4 +413,23 @@ impl HeardListener for PeerLink {
             self.heard.notify_one();
         }
     }
+
+    /// The peer's new connection says it is process `incarnation`. A connection of this
+    /// link's to another process of the peer leads nowhere — the peer restarted (killed,
+    /// say), and what this link writes on it is lost until QUIC's idle timeout, while the
+    /// restarted peer waits for our answer to its pull — so it is closed, and the link dials
+    /// the new process at once.
+    fn hello(&self, incarnation: u64, rtt: Duration) {
+        if let Ok(mut state) = self.state.try_lock()
+            && state
+                .conn
+                .as_ref()
+                .is_some_and(|pc| pc.incarnation != incarnation)
+            && let Some(pc) = state.conn.take()
+        {
+            pc.conn.close(RECONNECT, b"peer restarted");
+            debug!(peer = %self.id, "the peer restarted: closed the connection to its previous process");
+        }
+        self.heard(rtt);
+    }
 }

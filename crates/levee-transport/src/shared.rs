@@ -21,6 +21,12 @@ use crate::peer_transport::Inbound;
 pub(crate) trait HeardListener: Send + Sync {
     /// The peer was heard on a connection whose round trip is estimated at `rtt`.
     fn heard(&self, rtt: Duration);
+
+    /// An inbound connection of the peer completed its `Hello`, which says `incarnation`
+    /// (its process's): a connection of this node's to another incarnation is to a process
+    /// that is gone, however alive it looks until its idle timeout. Then, as
+    /// [`HeardListener::heard`].
+    fn hello(&self, incarnation: u64, rtt: Duration);
 }
 
 /// What every connection and link task shares.
@@ -94,15 +100,27 @@ impl Shared {
     /// of its arrived, on a connection whose round trip is estimated at `rtt`. Its link, if it
     /// is down, dials at once (see [`HeardListener`]).
     pub(crate) fn heard(&self, peer: &str, rtt: Duration) {
-        // Upgraded under the read lock, told after it is released.
-        let listener = self
-            .listeners
+        if let Some(listener) = self.listener(peer) {
+            listener.heard(rtt);
+        }
+    }
+
+    /// An inbound connection of `peer` completed its `Hello`, saying `incarnation`: its link
+    /// drops a connection to an earlier process of the peer, and dials at once if it is down
+    /// (see [`HeardListener::hello`]).
+    pub(crate) fn heard_hello(&self, peer: &str, incarnation: u64, rtt: Duration) {
+        if let Some(listener) = self.listener(peer) {
+            listener.hello(incarnation, rtt);
+        }
+    }
+
+    /// Who is told when `peer` is heard from: upgraded under the read lock, told after it is
+    /// released.
+    fn listener(&self, peer: &str) -> Option<std::sync::Arc<dyn HeardListener>> {
+        self.listeners
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(peer)
-            .and_then(Weak::upgrade);
-        if let Some(listener) = listener {
-            listener.heard(rtt);
-        }
+            .and_then(Weak::upgrade)
     }
 }

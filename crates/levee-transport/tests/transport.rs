@@ -984,3 +984,91 @@ async fn a_node_sending_the_previous_version_is_understood_and_sends_nothing_tha
     .await
     .expect("test finished in time");
 }
+
+/// A peer killed (no `CONNECTION_CLOSE`: its runtime is dropped, as a `kill -9` drops its
+/// process) and started again on the same address, as a new process (another incarnation),
+/// dials this node. This node's connection to the dead process still looks alive — nothing
+/// closes it before QUIC's idle timeout (3 s; the new process cannot reset it, its reset key
+/// is new) — so what the link writes on it is lost, the restarted peer's pull's answer
+/// included. The new process's `Hello` says another incarnation: the link closes the old
+/// connection and dials the new process at once, and the next frame arrives. Before, it
+/// arrived only after the idle timeout: a node killed and restarted on loopback (tests/
+/// membership.rs) heard its peers about a second late and synced from its disk alone.
+#[test]
+fn a_link_to_a_peer_that_restarted_dials_its_new_process_at_once() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path(), &["a", "b"]);
+    let b_addr = std::net::UdpSocket::bind(localhost())
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let rt_a = runtime();
+    let (a, mut a_rx) = rt_a.block_on(start(
+        "a",
+        TlsFiles::in_dir(dir.path(), "a"),
+        DIGEST,
+        vec![PeerAddr {
+            id: "b".into(),
+            addr: b_addr.into(),
+        }],
+    ));
+    let start_b = |rt: &tokio::runtime::Runtime, incarnation: u64| {
+        let mut cfg = config(
+            "b",
+            TlsFiles::in_dir(dir.path(), "b"),
+            DIGEST,
+            vec![peer("a", &a)],
+        );
+        cfg.bind = b_addr;
+        cfg.hello.incarnation = incarnation;
+        rt.block_on(Transport::start(cfg)).unwrap()
+    };
+    // b's first process hears a.
+    let rt_b1 = runtime();
+    let (b1, mut b1_rx) = start_b(&rt_b1, 1);
+    rt_a.block_on(async { a.send("b", &deltas()) });
+    let got = rt_b1
+        .block_on(async { timeout(TEST_BOUND, next_data(&mut b1_rx)).await })
+        .expect("b's first process hears a");
+    assert_eq!(got.peer, "a");
+    // Killed: its tasks stop, nothing is sent (its handles are dropped after, with no task
+    // left to send what dropping them would).
+    rt_b1.shutdown_timeout(Duration::from_secs(1));
+    {
+        let rt = runtime();
+        let _in = rt.enter();
+        drop((b1, b1_rx));
+    }
+    // Its second process speaks to a first.
+    let rt_b2 = runtime();
+    let (b2, mut b2_rx) = start_b(&rt_b2, 2);
+    rt_b2.block_on(async { b2.send("a", &deltas()) });
+    rt_a.block_on(async {
+        timeout(TEST_BOUND, async {
+            loop {
+                let inbound = a_rx.recv().await.expect("inbound channel open");
+                if matches!(&inbound.msg, Message::Hello(h) if h.incarnation == 2) {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("a hears b's second process")
+    });
+    rt_a.block_on(async { a.send("b", &deltas()) });
+    let got = rt_b2
+        .block_on(async { timeout(Duration::from_millis(1_500), next_data(&mut b2_rx)).await });
+    let got =
+        got.expect("a's frame reached b's new process before the old connection's idle timeout");
+    assert_eq!(got.peer, "a");
+    assert_eq!(got.msg, deltas());
+    rt_a.block_on(a.shutdown());
+    rt_b2.block_on(b2.shutdown());
+}
