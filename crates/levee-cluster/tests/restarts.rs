@@ -12,7 +12,7 @@ use common::{Net, T0, TICK, replicas, window_rule};
 use levee_cluster::memory::MemoryStates;
 use levee_cluster::{Cluster, ClusterConfig, Event};
 use levee_core::calendar::CalendarPeriod;
-use levee_core::{NodeIdx, RuleSpec};
+use levee_core::{NodeIdx, ReplicaSet, RuleSpec};
 use levee_proto::Message;
 use levee_testkit::net::Latency;
 
@@ -284,15 +284,27 @@ fn a_large_pull_is_answered_at_a_bounded_pace_and_once() {
     assert_eq!(done, 1, "one answer, marked done once");
 }
 
-/// `list` with region `ap`'s weight doubled: node 0's share grows, the others' shrink.
-fn ap_weighs_double(list: &levee_core::ReplicaSet) -> levee_core::ReplicaSet {
-    let (mut regions, nodes) = list.specs();
+/// A running cluster of three regions (a node each, a limit of 900) whose every node has
+/// reloaded, 100 ms ago, the list with region `ap`'s weight doubled: node 0's share grew,
+/// the others' shrank. Returns it, the list before and after, and when they reloaded.
+fn reweighted() -> (Net, ReplicaSet, ReplicaSet, u64) {
+    let old = replicas(&["ap", "eu", "us"], 1);
+    let (mut regions, nodes) = old.specs();
     for (name, weight) in &mut regions {
         if name == "ap" {
             *weight = 2;
         }
     }
-    levee_core::ReplicaSet::new(&regions, &nodes).unwrap()
+    let new = ReplicaSet::new(&regions, &nodes).unwrap();
+    let mut net = Net::new(old.clone(), 900);
+    net.start();
+    let changed_at = net.now();
+    for n in 0..3 {
+        net.nodes[n].0.change_list(new.clone(), changed_at).unwrap();
+    }
+    net.flush();
+    net.run(100);
+    (net, old, new, changed_at)
 }
 
 /// Node 0 restarts, after a reweight, with the new list: it knows nothing of the old one
@@ -304,16 +316,7 @@ fn ap_weighs_double(list: &levee_core::ReplicaSet) -> levee_core::ReplicaSet {
 /// with the crash).
 #[test]
 fn a_node_restarted_after_a_reweight_is_told_the_list_before_and_holds_its_grown_share() {
-    let old = replicas(&["ap", "eu", "us"], 1);
-    let new = ap_weighs_double(&old);
-    let mut net = Net::new(old.clone(), 900);
-    net.start();
-    let changed_at = net.now();
-    for n in 0..3 {
-        net.nodes[n].0.change_list(new.clone(), changed_at).unwrap();
-    }
-    net.flush();
-    net.run(100);
+    let (mut net, old, new, changed_at) = reweighted();
     net.restart_with(0, new.clone());
     net.flush();
     let start = net.now();
@@ -343,13 +346,16 @@ fn a_node_restarted_after_a_reweight_is_told_the_list_before_and_holds_its_grown
     assert_eq!(full.split, vec![450, 225, 225]);
     let now = net.now();
     let (held, at) = full
-        .held_by_lists_before(&full, &new, before, now)
+        .held_by_lists_before(&full, None, &new, before, now)
         .expect("node 0's share grew with the reweight");
     assert_eq!(held.split, vec![300, 225, 225]);
     assert_eq!(at, full.algorithm.shares_may_grow_at(*until));
     assert!(at > now);
     // A change whose shares may have grown long ago holds nothing.
-    assert_eq!(full.held_by_lists_before(&full, &new, before, at), None);
+    assert_eq!(
+        full.held_by_lists_before(&full, None, &new, before, at),
+        None
+    );
 }
 
 /// A peer of a version before `ListsBefore` never says which lists it ran: a node that
@@ -357,16 +363,7 @@ fn a_node_restarted_after_a_reweight_is_told_the_list_before_and_holds_its_grown
 /// no list), then syncs with nothing to bind by.
 #[test]
 fn a_node_whose_peers_never_say_the_lists_before_syncs_after_suspect_after() {
-    let old = replicas(&["ap", "eu", "us"], 1);
-    let new = ap_weighs_double(&old);
-    let mut net = Net::new(old, 900);
-    net.start();
-    let now = net.now();
-    for n in 0..3 {
-        net.nodes[n].0.change_list(new.clone(), now).unwrap();
-    }
-    net.flush();
-    net.run(100);
+    let (mut net, _, new, _) = reweighted();
     net.no_lists_before = true;
     net.restart_with(0, new);
     net.flush();
@@ -400,16 +397,7 @@ fn a_node_whose_peers_never_say_the_lists_before_syncs_after_suspect_after() {
 /// lost its pull's answer to a link still backing off, and synced from its disk).
 #[test]
 fn a_durable_node_synced_alone_after_a_reweight_hears_the_lists_before_once_it_hears_a_peer() {
-    let old = replicas(&["ap", "eu", "us"], 1);
-    let new = ap_weighs_double(&old);
-    let mut net = Net::new(old.clone(), 900);
-    net.start();
-    let now = net.now();
-    for n in 0..3 {
-        net.nodes[n].0.change_list(new.clone(), now).unwrap();
-    }
-    net.flush();
-    net.run(100);
+    let (mut net, old, new, _) = reweighted();
     net.isolate(0, true);
     net.restart_with(0, new);
     net.nodes[0].0.set_durable(true);

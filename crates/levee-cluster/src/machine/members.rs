@@ -46,13 +46,12 @@ impl Cluster {
 
     /// Tells `peer` the list this node runs, and the lists that still bound its shares.
     pub(super) fn send_list(&mut self, peer: NodeIdx, now: Millis) {
-        let spec = member_list;
-        let list = spec(self.lists.current());
+        let list = member_list(self.lists.current());
         let floors = self
             .lists
             .floors_to_send(MAX_FLOOR_LISTS)
             .iter()
-            .map(spec)
+            .map(member_list)
             .collect();
         let leaving = self.lists.leaving_to_send();
         let reply = self.lists.report(peer).is_none();
@@ -181,11 +180,10 @@ impl Cluster {
         leaving: Vec<u16>,
         now: Millis,
     ) {
-        let set = member_set;
         let (Some(set), Some(floors)) = (
-            set(list),
+            member_set(list),
             (floors.len() <= MAX_FLOOR_LISTS)
-                .then(|| floors.iter().map(set).collect::<Option<Vec<_>>>())
+                .then(|| floors.iter().map(member_set).collect::<Option<Vec<_>>>())
                 .flatten(),
         ) else {
             self.refused += 1;

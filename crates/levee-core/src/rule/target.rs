@@ -272,11 +272,14 @@ impl Rule {
     /// it stopped being run) whose change may still count at `now`: until
     /// [`Rule::shares_may_grow_at`] the time it stopped. A share that grew with a change made
     /// while the node was down waits as a running node's does (docs/membership.md, "A node
-    /// that starts"). Returns the held rule and when this one replaces it, or `None` if no
-    /// such list holds a part of any capacity below this rule's.
+    /// that starts"). `waits_until`: when a share `in_force` holds down already grows, if one
+    /// still waits; the held rule waits at least as long. Returns the held rule and when this
+    /// one replaces it, or `None` if no such list holds a part of any capacity below this
+    /// rule's.
     pub fn held_by_lists_before(
         &self,
         in_force: &Rule,
+        waits_until: Option<Millis>,
         spending: &ReplicaSet,
         before: &[(ReplicaSet, Millis)],
         now: Millis,
@@ -300,7 +303,7 @@ impl Rule {
                 .iter()
                 .zip(&self.classes)
                 .any(|(h, f)| lower(&h.split, &f.split));
-        held_down.then_some((held, at))
+        held_down.then_some((held, waits_until.map_or(at, |w| at.max(w))))
     }
 
     /// The latest time a share of this rule that changed at `at` may grow: the latest of

@@ -205,15 +205,14 @@ impl RuleSet {
             .ordered
             .iter()
             .map(|e| {
-                let waits = e.later.as_ref().filter(|(at, _)| now < *at);
+                let waits = e.later.as_ref().map(|(at, _)| *at).filter(|&at| now < at);
                 let full = e.later.as_ref().map_or(&e.rule, |(_, r)| r);
                 let Some((held, at)) =
-                    full.held_by_lists_before(e.rule_at(now), &self.replicas, before, now)
+                    full.held_by_lists_before(e.rule_at(now), waits, &self.replicas, before, now)
                 else {
                     return Arc::clone(e);
                 };
                 any = true;
-                let at = waits.map_or(at, |&(w, _)| at.max(w));
                 Arc::new(RuleEntry {
                     rule: held,
                     metrics: e.metrics.clone(),

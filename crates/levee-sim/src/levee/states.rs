@@ -168,9 +168,8 @@ impl SimStates {
             let waits = b.later.as_ref().map(|(at, _)| *at).filter(|&at| now < at);
             let full = b.later.as_ref().map_or(&b.rule, |(_, r)| r).clone();
             if let Some((held, at)) =
-                full.held_by_lists_before(b.at(now), &self.replicas, before, now)
+                full.held_by_lists_before(b.at(now), waits, &self.replicas, before, now)
             {
-                let at = waits.map_or(at, |w| at.max(w));
                 b.rule = held;
                 b.later = Some((at, full.growing_from(at)));
             }
