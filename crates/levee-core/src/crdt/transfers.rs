@@ -97,6 +97,20 @@ impl TransferMatrix {
     /// within `u64`, for nodes below `nodes`. Conservative: a cell `other` repeats counts
     /// twice. `self` is a local matrix (sorted); `other` may come from a peer in any order.
     pub fn join_sums_fit(&self, other: &TransferMatrix, nodes: usize) -> bool {
+        // Every sum is at most the cells' count times the largest cell: when that fits, so
+        // does each node's sum, and nothing needs adding up (the common case, on every
+        // merge: a few cells, far below the bound).
+        let cells = (self.cells.len() + other.cells.len()) as u128;
+        let largest = self
+            .cells
+            .iter()
+            .chain(&other.cells)
+            .map(|c| c.units)
+            .max()
+            .unwrap_or(0);
+        if cells * u128::from(largest) <= u128::from(u64::MAX) {
+            return true;
+        }
         let mut given = vec![0u128; nodes];
         let mut received = vec![0u128; nodes];
         let mut add = |c: &Transfer, units: u64| {
@@ -144,5 +158,36 @@ impl Lattice for TransferMatrix {
             changed |= self.raise(*c);
         }
         changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(cells: &[(u16, u16, u64)]) -> TransferMatrix {
+        let mut m = TransferMatrix::default();
+        for &(from, to, units) in cells {
+            m.give(NodeIdx(from), NodeIdx(to), units);
+        }
+        m
+    }
+
+    #[test]
+    fn sums_fit_whether_or_not_the_bound_on_every_cell_decides() {
+        let half = u64::MAX / 2;
+        // Few small cells: the bound alone says they fit.
+        assert!(matrix(&[(0, 1, 5)]).join_sums_fit(&matrix(&[(1, 0, 7), (2, 0, 9)]), 3));
+        // Four cells of nearly half u64::MAX each, over four different rows and columns:
+        // count × largest is past u64::MAX, but no node's sum is.
+        let mine = matrix(&[(0, 1, half), (2, 3, half)]);
+        let theirs = matrix(&[(1, 2, half), (3, 0, half)]);
+        assert!(mine.join_sums_fit(&theirs, 4));
+        // Node 0 receives half twice, and one more: past u64::MAX.
+        let theirs = matrix(&[(1, 0, half), (2, 0, 2)]);
+        assert!(!matrix(&[(3, 0, half)]).join_sums_fit(&theirs, 4));
+        // A cell the peer repeats counts only beyond what this node already has.
+        let mine = matrix(&[(1, 0, half), (2, 0, half)]);
+        assert!(mine.join_sums_fit(&matrix(&[(1, 0, half)]), 3));
     }
 }
