@@ -165,7 +165,25 @@ pub(crate) fn certificate_names(cert: &CertificateDer<'_>, node_id: &str) -> Res
 /// The round-trip time assumed before one is measured.
 pub const INITIAL_RTT: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Ack-eliciting packets a peer may receive from this node before it must acknowledge them
+/// at once (QUIC's acknowledgement frequency extension; RFC 9000's default is 1: every
+/// second packet).
+pub const ACK_ELICITING_THRESHOLD: u32 = 16;
+/// Longest a peer may hold back an acknowledgement of this node's packets below
+/// [`ACK_ELICITING_THRESHOLD`] (quinn's default, without the extension, is 25 ms).
+pub const MAX_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Levee's QUIC transport parameters, the same for both sides of a connection.
+///
+/// Acknowledgements: frames go both ways all the time (forwarded checks and their answers,
+/// every gossip interval's batch), so acknowledgements ride on them. Without the
+/// acknowledgement frequency extension a peer also sent an ACK-only datagram for every second
+/// packet: on a region of two nodes with half the checks forwarded, a quarter of the UDP
+/// datagrams, each a system call and a wake-up at both ends (docs/benchmarks.md, "Forwarding
+/// on fewer datagrams"). Out-of-order packets are still acknowledged at once (the extension's
+/// reordering threshold, 2), so loss is detected as quickly; a lone packet is acknowledged
+/// within [`MAX_ACK_DELAY`], inside the 25 ms (the peers' `max_ack_delay`) that the probe
+/// timeout already allows for.
 pub fn transport_parameters() -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(KEEP_ALIVE_INTERVAL));
@@ -180,6 +198,10 @@ pub fn transport_parameters() -> quinn::TransportConfig {
     // instead of ~1 s, which would otherwise outlast `suspect_after` and make a freshly
     // started peer flap unreachable. Once measured, the real RTT takes over.
     t.initial_rtt(INITIAL_RTT);
+    let mut ack = quinn::AckFrequencyConfig::default();
+    ack.ack_eliciting_threshold(quinn::VarInt::from_u32(ACK_ELICITING_THRESHOLD))
+        .max_ack_delay(Some(MAX_ACK_DELAY));
+    t.ack_frequency_config(Some(ack));
     t
 }
 
