@@ -63,7 +63,31 @@ pub fn decide_forwarded(
     })
 }
 
-/// Sends batches of checks to one owner through the machine, one batch in flight at a time.
+/// The callers of one forwarded batch, by position: each is answered as soon as the owner's
+/// answer is merged (on the task that received it), and `done` then lets the forwarder send
+/// the next batch.
+pub(super) struct Waiter {
+    pub(super) replies: Vec<oneshot::Sender<Option<ForwardDecision>>>,
+    pub(super) done: oneshot::Sender<()>,
+}
+
+impl Waiter {
+    /// Answers every caller, in order (`None` for all when the batch failed or the answer
+    /// did not have one decision per check), then the forwarder.
+    pub(super) fn answer(self, decisions: Option<Vec<Option<ForwardDecision>>>) {
+        let n = self.replies.len();
+        let decisions = decisions
+            .filter(|d| d.len() == n)
+            .unwrap_or_else(|| vec![None; n]);
+        for (reply, d) in self.replies.into_iter().zip(decisions) {
+            let _ = reply.send(d);
+        }
+        let _ = self.done.send(());
+    }
+}
+
+/// Sends batches of checks to one owner through the machine, one batch in flight at a time:
+/// the checks queued meanwhile go together in the next.
 pub(super) async fn forward_loop(
     repl: Arc<Replication>,
     owner: NodeIdx,
@@ -77,13 +101,14 @@ pub(super) async fn forward_loop(
                 Err(_) => break,
             }
         }
-        let checks: Vec<ForwardCheck> = jobs.iter().map(|j| j.check.clone()).collect();
-        let (tx, answer) = oneshot::channel();
+        let now = jobs.iter().map(|j| j.now).max().unwrap_or(0);
+        let (checks, replies): (Vec<ForwardCheck>, Vec<_>) =
+            jobs.into_iter().map(|j| (j.check, j.reply)).unzip();
+        let (done, finished) = oneshot::channel();
         let (out, deadline) = {
             let mut c = repl.cluster.lock();
-            let now = jobs.iter().map(|j| j.now).max().unwrap_or(0);
             let id = c.forward(owner, checks, now);
-            repl.waiting.lock().insert(id, tx);
+            repl.waiting.lock().insert(id, Waiter { replies, done });
             let out: Vec<Outgoing> = std::iter::from_fn(|| c.poll_transmit()).collect();
             (out, c.poll_timeout())
         };
@@ -91,12 +116,7 @@ pub(super) async fn forward_loop(
         if deadline < repl.timer_at.load(Ordering::Acquire) {
             repl.wake_timer.notify_one();
         }
-        let decisions = match answer.await {
-            Ok(Some(d)) => d,
-            _ => vec![None; jobs.len()],
-        };
-        for (job, d) in jobs.into_iter().zip(decisions) {
-            let _ = job.reply.send(d);
-        }
+        // Answered (or failed) by the machine's events; a dropped waiter ends the wait too.
+        let _ = finished.await;
     }
 }

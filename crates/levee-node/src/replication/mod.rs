@@ -34,7 +34,7 @@ mod forward;
 mod leave;
 
 pub use forward::decide_forwarded;
-use forward::{Job, forward_loop};
+use forward::{Job, Waiter, forward_loop};
 pub use leave::LeaveProgress;
 
 /// How long a forwarded batch may take before the forwarder decides alone.
@@ -63,8 +63,6 @@ pub trait ClusterHost: Send + Sync + 'static {
     fn synced(&self);
 }
 
-type Answer = Option<Vec<Option<ForwardDecision>>>;
-
 /// The running cluster side of a node.
 pub struct Replication {
     cluster: Mutex<Cluster>,
@@ -82,8 +80,9 @@ pub struct Replication {
     /// Held while the rules are bound to the list decisions spend by (see
     /// `Event::SharesChanged` in `dispatch`, and [`Replication::apply_config`]).
     shares_order: Mutex<()>,
-    /// Forwarded batches waiting for the machine's answer; filled while `cluster` is locked.
-    waiting: Mutex<HashMap<ForwardId, oneshot::Sender<Answer>>>,
+    /// The callers of forwarded batches waiting for the machine's answer; filled while
+    /// `cluster` is locked.
+    waiting: Mutex<HashMap<ForwardId, Waiter>>,
     /// Held while the limiter's view is set (see `Event::ViewChanged` in `dispatch`).
     view_order: Mutex<()>,
     /// When the timer task will next wake (ms); a forward due earlier wakes it.
@@ -451,13 +450,15 @@ impl Replication {
                     self.answer_forwarded(host, from, id, &checks);
                 }
                 Event::ForwardAnswered { id, decisions } => {
-                    if let Some(tx) = self.waiting.lock().remove(&id) {
-                        let _ = tx.send(Some(decisions));
+                    let waiter = self.waiting.lock().remove(&id);
+                    if let Some(w) = waiter {
+                        w.answer(Some(decisions));
                     }
                 }
                 Event::ForwardFailed { id } => {
-                    if let Some(tx) = self.waiting.lock().remove(&id) {
-                        let _ = tx.send(None);
+                    let waiter = self.waiting.lock().remove(&id);
+                    if let Some(w) = waiter {
+                        w.answer(None);
                     }
                 }
             }
