@@ -213,7 +213,7 @@ pub(crate) fn batch(now: Millis, keys: Vec<KeyEntry>) -> DeltaBatch {
         sent_at_ms: now,
         ack_ms: 0,
         prev_ms: 0,
-        keys,
+        keys: keys.into(),
     }
 }
 

@@ -97,7 +97,7 @@ fn deltas(keys: Vec<KeyEntry>) -> Message {
         sent_at_ms: T0,
         ack_ms: 0,
         prev_ms: 0,
-        keys,
+        keys: keys.into(),
     })
 }
 
@@ -410,7 +410,7 @@ fn asks_for_missed_batches_are_answered_at_most_once_per_interval() {
         sent_at_ms: T0,
         ack_ms: T0,
         prev_ms: 0,
-        keys: Vec::new(),
+        keys: Vec::new().into(),
     }));
     node.drain();
     // An interval a while after the start sends them and remembers them as sent.
@@ -466,7 +466,7 @@ fn an_ask_for_missed_batches_is_repeated_once() {
             sent_at_ms,
             ack_ms: 0,
             prev_ms,
-            keys: Vec::new(),
+            keys: Vec::new().into(),
         })
     };
     let asks = |node: &mut Node| -> Vec<u64> {

@@ -23,7 +23,8 @@ fn sample() -> Message {
         keys: vec![KeyEntry {
             id: b"api\0\xffacme".to_vec(),
             state,
-        }],
+        }]
+        .into(),
     })
 }
 
@@ -224,7 +225,8 @@ fn frames_of_the_previous_version_decode() {
         keys: vec![KeyEntry {
             id: b"r\0\xffk".to_vec(),
             state,
-        }],
+        }]
+        .into(),
     };
     assert_eq!(
         decode_frame(&framed(2, &deltas)).unwrap(),
@@ -418,12 +420,42 @@ fn bucket_batch(n: u64) -> DeltaBatch {
 }
 
 #[test]
+fn copies_of_a_batch_for_several_peers_pack_their_keys_once() {
+    // A node sends one interval's keys to every peer: each copy is stamped for its peer,
+    // and the keys' block (bincode, then deflate) is made once, on the first encoding.
+    let batch = bucket_batch(64);
+    let mut to_b = batch.clone();
+    to_b.ack_ms += 5;
+    to_b.prev_ms += 3;
+    let (a, b) = (
+        Message::Deltas(batch.clone()),
+        Message::Deltas(to_b.clone()),
+    );
+    let (fa, fb) = (encode_frame(&a).unwrap(), encode_frame(&b).unwrap());
+    assert!(std::ptr::eq(batch.keys.packed(), to_b.keys.packed()));
+    assert_eq!(decode_frame(&fa).unwrap(), a);
+    assert_eq!(decode_frame(&fb).unwrap(), b);
+    // Version 2's layout carries the same block.
+    let v2 = encode_frame_as(OLDEST_VERSION, &a).unwrap().unwrap();
+    let Message::Deltas(back) = decode_frame(&v2).unwrap() else {
+        panic!("deltas come back as deltas");
+    };
+    assert_eq!(back.keys, batch.keys);
+    // A decoded batch's keys are its own: moved out, not copied.
+    let Message::Deltas(decoded) = decode_frame(&fa).unwrap() else {
+        panic!("deltas come back as deltas");
+    };
+    let first = decoded.keys[0].id.as_ptr();
+    assert_eq!(decoded.keys.into_vec()[0].id.as_ptr(), first);
+}
+
+#[test]
 fn a_batch_of_many_keys_round_trips_deflated_and_smaller() {
     let batch = bucket_batch(256);
     let msg = Message::Deltas(batch.clone());
     let frame = encode_frame(&msg).unwrap();
     assert_eq!(decode_frame(&frame).unwrap(), msg);
-    let plain = bincode::serde::encode_to_vec(&batch.keys, config()).unwrap();
+    let plain = bincode::serde::encode_to_vec(&*batch.keys, config()).unwrap();
     assert!(
         frame.len() < plain.len() * 2 / 3,
         "frame {} bytes, keys alone {} bytes",

@@ -1,5 +1,7 @@
 //! The messages nodes exchange.
 
+use std::sync::{Arc, OnceLock};
+
 use levee_core::KeyCrdt;
 use serde::{Deserialize, Serialize};
 
@@ -50,7 +52,81 @@ pub struct DeltaBatch {
     /// sender is older missed the ones in between and says so ([`Message::Missed`]).
     pub prev_ms: u64,
     /// The keys.
-    pub keys: Vec<KeyEntry>,
+    pub keys: BatchKeys,
+}
+
+/// The keys of a [`DeltaBatch`], shared by every copy of the batch: a node sends the same
+/// keys to each of its peers, and they are cloned (a reference count) and encoded (bincode,
+/// then deflate) once for all of them, not once a peer.
+#[derive(Clone, Default)]
+pub struct BatchKeys(Arc<SharedKeys>);
+
+#[derive(Default)]
+struct SharedKeys {
+    keys: Vec<KeyEntry>,
+    /// [`pack_keys`] of `keys`, made on the first encoding.
+    packed: OnceLock<(u8, u32, Vec<u8>)>,
+}
+
+impl BatchKeys {
+    /// The keys, moved out when this is their only copy (a batch just decoded), else cloned.
+    pub fn into_vec(self) -> Vec<KeyEntry> {
+        match Arc::try_unwrap(self.0) {
+            Ok(shared) => shared.keys,
+            Err(shared) => shared.keys.clone(),
+        }
+    }
+
+    /// The keys' block as it travels, `(codec, raw length, block)`: packed on first use.
+    pub(crate) fn packed(&self) -> &(u8, u32, Vec<u8>) {
+        self.0.packed.get_or_init(|| pack_keys(&self.0.keys))
+    }
+}
+
+impl From<Vec<KeyEntry>> for BatchKeys {
+    fn from(keys: Vec<KeyEntry>) -> BatchKeys {
+        BatchKeys(Arc::new(SharedKeys {
+            keys,
+            packed: OnceLock::new(),
+        }))
+    }
+}
+
+impl FromIterator<KeyEntry> for BatchKeys {
+    fn from_iter<I: IntoIterator<Item = KeyEntry>>(keys: I) -> BatchKeys {
+        keys.into_iter().collect::<Vec<_>>().into()
+    }
+}
+
+impl std::ops::Deref for BatchKeys {
+    type Target = [KeyEntry];
+
+    fn deref(&self) -> &[KeyEntry] {
+        &self.0.keys
+    }
+}
+
+impl IntoIterator for BatchKeys {
+    type Item = KeyEntry;
+    type IntoIter = std::vec::IntoIter<KeyEntry>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.into_vec().into_iter()
+    }
+}
+
+impl PartialEq for BatchKeys {
+    fn eq(&self, other: &BatchKeys) -> bool {
+        self.0.keys == other.0.keys
+    }
+}
+
+impl Eq for BatchKeys {}
+
+impl std::fmt::Debug for BatchKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.keys.fmt(f)
+    }
 }
 
 /// How a batch's keys are encoded: bincode, as is.
@@ -78,7 +154,7 @@ pub(crate) struct WireBatch {
 
 impl From<DeltaBatch> for WireBatch {
     fn from(b: DeltaBatch) -> WireBatch {
-        let (codec, raw_len, block) = pack_keys(&b.keys);
+        let (codec, raw_len, block) = b.keys.packed().clone();
         WireBatch {
             sent_at_ms: b.sent_at_ms,
             ack_ms: b.ack_ms,
@@ -98,7 +174,7 @@ impl TryFrom<WireBatch> for DeltaBatch {
             sent_at_ms: w.sent_at_ms,
             ack_ms: w.ack_ms,
             prev_ms: w.prev_ms,
-            keys: unpack_keys(w.codec, w.raw_len, &w.block)?,
+            keys: unpack_keys(w.codec, w.raw_len, &w.block)?.into(),
         })
     }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{DecodeError, EncodeError, config, decode_whole};
 use crate::message::{
     DeltaBatch, Digest, ForwardCheck, ForwardDecision, HeardEntry, Hello, MemberList, Message,
-    OverrideEntry, pack_keys, unpack_keys,
+    OverrideEntry, unpack_keys,
 };
 
 /// A batch as version 2 sends it: version 3's without `prev_ms`.
@@ -33,7 +33,7 @@ struct BatchV2(DeltaBatch);
 
 impl From<BatchV2> for WireBatchV2 {
     fn from(b: BatchV2) -> WireBatchV2 {
-        let (codec, raw_len, block) = pack_keys(&b.0.keys);
+        let (codec, raw_len, block) = b.0.keys.packed().clone();
         WireBatchV2 {
             sent_at_ms: b.0.sent_at_ms,
             ack_ms: b.0.ack_ms,
@@ -52,7 +52,7 @@ impl TryFrom<WireBatchV2> for BatchV2 {
             sent_at_ms: w.sent_at_ms,
             ack_ms: w.ack_ms,
             prev_ms: 0,
-            keys: unpack_keys(w.codec, w.raw_len, &w.block)?,
+            keys: unpack_keys(w.codec, w.raw_len, &w.block)?.into(),
         }))
     }
 }

@@ -280,7 +280,8 @@ async fn a_message_the_decoder_refuses_is_not_delivered_and_the_link_recovers(mu
         keys: vec![KeyEntry {
             id: vec![b'k'; MAX_FRAME_BYTES + 1],
             state: levee_core::KeyCrdt::default(),
-        }],
+        }]
+        .into(),
     });
     assert!(levee_proto::encode_frame(&bomb).unwrap().len() < MAX_FRAME_BYTES);
     a.send("b", &bomb);
@@ -725,6 +726,7 @@ fn deltas(seq: u64) -> Message {
         keys: vec![KeyEntry {
             id: b"api\0acme".to_vec(),
             state,
-        }],
+        }]
+        .into(),
     })
 }

@@ -87,7 +87,8 @@ fn deltas() -> Message {
         keys: vec![KeyEntry {
             id: b"api\0acme".to_vec(),
             state,
-        }],
+        }]
+        .into(),
     })
 }
 
