@@ -23,9 +23,11 @@ fuzz_target!(|data: &[u8]| {
     if head & 8 != 0
         && let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = &mut msg
     {
-        for (i, k) in b.keys.iter_mut().enumerate() {
+        let mut keys = std::mem::take(&mut b.keys).into_vec();
+        for (i, k) in keys.iter_mut().enumerate() {
             encode_id(&mut k.id, ["r", "b", "s"][i % 3], None, &format!("k{i}"));
         }
+        b.keys = keys.into();
     }
     let nodes: Vec<ReplicaSpec> = ["eu-1", "eu-2", "us-1"]
         .iter()
