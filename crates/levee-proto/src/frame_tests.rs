@@ -431,7 +431,11 @@ fn copies_of_a_batch_for_several_peers_pack_their_keys_once() {
         Message::Deltas(batch.clone()),
         Message::Deltas(to_b.clone()),
     );
-    let (fa, fb) = (encode_frame(&a).unwrap(), encode_frame(&b).unwrap());
+    assert!(!to_b.keys.is_packed());
+    let fa = encode_frame(&a).unwrap();
+    // Encoding the copy for one peer packed the block every copy shares.
+    assert!(to_b.keys.is_packed());
+    let fb = encode_frame(&b).unwrap();
     assert!(std::ptr::eq(batch.keys.packed(), to_b.keys.packed()));
     assert_eq!(decode_frame(&fa).unwrap(), a);
     assert_eq!(decode_frame(&fb).unwrap(), b);

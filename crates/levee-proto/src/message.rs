@@ -81,6 +81,12 @@ impl BatchKeys {
     pub(crate) fn packed(&self) -> &(u8, u32, Vec<u8>) {
         self.0.packed.get_or_init(|| pack_keys(&self.0.keys))
     }
+
+    /// Whether the block was made already.
+    #[cfg(test)]
+    pub(crate) fn is_packed(&self) -> bool {
+        self.0.packed.get().is_some()
+    }
 }
 
 impl From<Vec<KeyEntry>> for BatchKeys {

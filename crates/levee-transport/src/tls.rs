@@ -172,9 +172,8 @@ pub const ACK_ELICITING_THRESHOLD: u32 = 16;
 /// Longest a peer may hold back an acknowledgement of this node's packets below
 /// [`ACK_ELICITING_THRESHOLD`]: the `max_ack_delay` QUIC assumes anyway (quinn's default),
 /// so the probe timeout is what it was. Longer than a gossip interval, so an acknowledgement
-/// nearly always rides on the peer's next frame. (5 ms drew a timer-driven ACK per batch on
-/// a link that only carries gossip: 704 datagrams where 630 were sent before and 535 are
-/// now, docs/benchmarks.md.)
+/// nearly always rides on the peer's next frame (a shorter delay makes a link that carries
+/// only gossip acknowledge each batch by timer).
 pub const MAX_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// Levee's QUIC transport parameters, the same for both sides of a connection.
@@ -183,8 +182,8 @@ pub const MAX_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(
 /// every gossip interval's batch), so acknowledgements ride on them. Without the
 /// acknowledgement frequency extension a peer also sent an ACK-only datagram for every second
 /// packet: on a region of two nodes with half the checks forwarded, a quarter of the UDP
-/// datagrams, each a system call and a wake-up at both ends (docs/benchmarks.md, "Forwarding
-/// on fewer datagrams"). Out-of-order packets are still acknowledged at once (the extension's
+/// datagrams, each a system call and a wake-up at both ends (docs/benchmarks.md, "Figure 9
+/// on 2026-12-01"). Out-of-order packets are still acknowledged at once (the extension's
 /// reordering threshold, 2), so loss is detected as quickly; a lone packet is acknowledged
 /// within [`MAX_ACK_DELAY`].
 pub fn transport_parameters() -> quinn::TransportConfig {

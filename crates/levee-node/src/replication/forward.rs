@@ -63,22 +63,19 @@ pub fn decide_forwarded(
     })
 }
 
-/// The callers of one forwarded batch, by position: each is answered as soon as the owner's
-/// answer is merged (on the task that received it), and `done` then lets the forwarder send
-/// the next batch.
+/// The callers of one forwarded batch, by position: answered as soon as the owner's answer
+/// is merged (on the task that received it), after which `done` lets the forwarder send the
+/// next batch. Dropped unanswered (the batch failed), every caller and the forwarder see
+/// their channel closed: the callers decide alone.
 pub(super) struct Waiter {
     pub(super) replies: Vec<oneshot::Sender<Option<ForwardDecision>>>,
     pub(super) done: oneshot::Sender<()>,
 }
 
 impl Waiter {
-    /// Answers every caller, in order (`None` for all when the batch failed or the answer
-    /// did not have one decision per check), then the forwarder.
-    pub(super) fn answer(self, decisions: Option<Vec<Option<ForwardDecision>>>) {
-        let n = self.replies.len();
-        let decisions = decisions
-            .filter(|d| d.len() == n)
-            .unwrap_or_else(|| vec![None; n]);
+    /// Answers every caller, in order: the machine hands over one decision per check
+    /// (an answer of any other length fails the batch instead).
+    pub(super) fn answer(self, decisions: Vec<Option<ForwardDecision>>) {
         for (reply, d) in self.replies.into_iter().zip(decisions) {
             let _ = reply.send(d);
         }
@@ -116,7 +113,7 @@ pub(super) async fn forward_loop(
         if deadline < repl.timer_at.load(Ordering::Acquire) {
             repl.wake_timer.notify_one();
         }
-        // Answered (or failed) by the machine's events; a dropped waiter ends the wait too.
+        // Answered, or failed (the waiter dropped), by the machine's events.
         let _ = finished.await;
     }
 }

@@ -452,14 +452,12 @@ impl Replication {
                 Event::ForwardAnswered { id, decisions } => {
                     let waiter = self.waiting.lock().remove(&id);
                     if let Some(w) = waiter {
-                        w.answer(Some(decisions));
+                        w.answer(decisions);
                     }
                 }
                 Event::ForwardFailed { id } => {
-                    let waiter = self.waiting.lock().remove(&id);
-                    if let Some(w) = waiter {
-                        w.answer(None);
-                    }
+                    // Dropped: its callers decide alone.
+                    drop(self.waiting.lock().remove(&id));
                 }
             }
         }
