@@ -15,14 +15,15 @@ impl<'p> Driver<'p> {
                 // Remember what the node knew of its own entries, to measure what it forgets.
                 let mut memory = std::mem::take(&mut self.nodes[node].crash_memory);
                 let me = NodeIdx(node as u16);
-                for (k, name) in self.plan.keys.iter().enumerate() {
-                    let Some(crdt) = self.nodes[node].states.state(RULE, name) else {
+                for (lk, rule, k, _) in crate::mixed::tallied(self.plan) {
+                    let name = &self.plan.keys[k as usize];
+                    let Some(crdt) = self.nodes[node].states.state(rule, name) else {
                         continue;
                     };
                     for slot in &crdt.slots {
                         let consumed = slot.tallies.get(me).map_or(0, |t| t.consumed);
                         let given = slot.transfers.given_by(me);
-                        let m = memory.entry((k as u32, slot.epoch)).or_default();
+                        let m = memory.entry((lk, slot.epoch)).or_default();
                         m.0 = m.0.max(consumed);
                         m.1 = m.1.max(given);
                     }
@@ -238,10 +239,15 @@ impl<'p> Driver<'p> {
     fn book_forgotten(&mut self, n: usize, current: u64, restarted: bool) {
         let memory = std::mem::take(&mut self.nodes[n].crash_memory);
         let me = NodeIdx(n as u16);
-        let entry = |m: usize, k: u32, epoch: u64| -> (u64, u64) {
-            let slot = self.nodes[m]
-                .states
-                .state(RULE, &self.plan.keys[k as usize])
+        let tallied = crate::mixed::tallied(self.plan);
+        let rule_of = |lk: u32| tallied.iter().find(|t| t.0 == lk).copied();
+        let entry = |m: usize, lk: u32, epoch: u64| -> (u64, u64) {
+            let slot = rule_of(lk)
+                .and_then(|(_, rule, k, _)| {
+                    self.nodes[m]
+                        .states
+                        .state(rule, &self.plan.keys[k as usize])
+                })
                 .and_then(|c| c.slot(epoch));
             (
                 slot.and_then(|s| s.tallies.get(me))
@@ -269,21 +275,17 @@ impl<'p> Driver<'p> {
             };
             found.push((k, epoch, lost, unrecovered));
         }
-        if !self.plan.algo.per_window() {
-            // Rights held continuously: what was lost counts against the timeline around the
-            // crash (`crate::algos`), whatever slot it was in.
-            let at = self.nodes[n].crashed_at;
-            for (k, _, lost, _) in found {
-                if lost > 0 {
-                    self.ledger.forgotten.push((k, at, lost));
-                }
-            }
-            return;
-        }
+        let at = self.nodes[n].crashed_at;
         for (k, epoch, lost, unrecovered) in found {
-            let book = self.ledger.book(k, epoch);
-            book.forgotten += lost;
-            book.unrecovered += unrecovered;
+            if rule_of(k).is_some_and(|t| t.3) {
+                let book = self.ledger.book(k, epoch);
+                book.forgotten += lost;
+                book.unrecovered += unrecovered;
+            } else if lost > 0 {
+                // Rights held continuously: what was lost counts against the timeline around
+                // the crash (`crate::algos`), whatever slot it was in.
+                self.ledger.forgotten.push((k, at, lost));
+            }
         }
     }
 }
