@@ -4,7 +4,9 @@
 //! rights away at every dip of noisy demand and starves small regions; so the forecast keeps a
 //! long memory (a time constant of half an epoch, at most 10 s) and a detector for real shifts: when a short
 //! average stays far from the long one for several samples in a row, by a factor and by more
-//! than a Poisson count's noise, the long one jumps to it.
+//! than a Poisson count's noise, the long one jumps to it. Where requests cost more than one
+//! token, a count of tokens varies more than a Poisson count of as many (by the costs' cost²
+//! over cost), and a drop is judged against that ([`Forecast::sample_costs`]).
 
 use crate::time::Millis;
 
@@ -37,6 +39,10 @@ const DROP_SIGNIFICANCE: f64 = 1.5;
 pub struct Forecast {
     long: f64,
     short: f64,
+    /// How much more a count of tokens varies than a Poisson count: a long average of the
+    /// requests' cost² over their cost (1 when every request costs 1; 7 at costs drawn from
+    /// 1–10). 0 until a sample saw requests, read as 1.
+    dispersion: f64,
     last_at: Millis,
     disagree: u8,
     primed: bool,
@@ -59,6 +65,20 @@ impl Forecast {
     /// when no time has passed. The first sample of a forecast that was not started only
     /// starts the clock: what was requested before it is not a rate.
     pub fn sample(&mut self, now: Millis, requested: u64, epoch_ms: Millis) -> bool {
+        self.sample_costs(now, requested, requested, epoch_ms)
+    }
+
+    /// [`Forecast::sample`] of requests whose costs, squared and summed, come to
+    /// `requested_sq` (equal to `requested` when every request cost 1). A token count of
+    /// costly requests varies more than a Poisson count of as many tokens (by cost² over
+    /// cost), so a gap between two costly requests is not read as a drop.
+    pub fn sample_costs(
+        &mut self,
+        now: Millis,
+        requested: u64,
+        requested_sq: u64,
+        epoch_ms: Millis,
+    ) -> bool {
         if !self.started {
             self.started = true;
             self.last_at = now;
@@ -78,6 +98,15 @@ impl Forecast {
         }
         let epoch = epoch_ms.max(1) as f64;
         let alpha = |tau: f64| 1.0 - (-dt / tau).exp();
+        if requested > 0 {
+            let d = (requested_sq.max(requested) as f64) / requested as f64;
+            self.dispersion = if self.dispersion == 0.0 {
+                d
+            } else {
+                self.dispersion
+                    + alpha((epoch / 2.0).min(MAX_LONG_MEMORY_MS)) * (d - self.dispersion)
+            };
+        }
         // Half a window of memory, but never more than the rebalancing horizon needs: a day's
         // quota must not remember a morning burst until the evening.
         let tau_short = (epoch / 16.0).min(MAX_LONG_MEMORY_MS / 8.0);
@@ -88,10 +117,11 @@ impl Forecast {
         // requests alone makes the factor.
         let (expected, seen) = (self.long * tau_short, self.short * tau_short);
         let deviation = expected.max(seen).sqrt();
+        let drop_deviation = deviation * self.dispersion.max(1.0).sqrt();
         let far = (self.short > self.long * SHIFT_FACTOR + 1e-12
             && seen - expected > SHIFT_SIGNIFICANCE * deviation)
             || (self.short * SHIFT_FACTOR < self.long
-                && expected - seen > DROP_SIGNIFICANCE * deviation);
+                && expected - seen > DROP_SIGNIFICANCE * drop_deviation);
         if far {
             self.disagree = self.disagree.saturating_add(1);
             if self.disagree >= SHIFT_SAMPLES {
@@ -167,6 +197,55 @@ mod tests {
             f.sample(now, 0, 1000);
         }
         assert!(f.rate() > before * 0.7, "rate {} from {before}", f.rate());
+    }
+
+    /// Requests of 10 tokens, one every 30 ms (333 tokens a 1 s window), sampled every
+    /// 20 ms; then `gap` samples with none. Returns the rate before the gap and after it.
+    fn gap_between_costly_requests(gap: usize, dispersed: bool) -> (f64, f64) {
+        let mut f = Forecast::default();
+        f.sample(0, 0, 1000);
+        let mut now = 0;
+        let mut next_request = 0;
+        for _ in 0..200 {
+            now += 20;
+            let mut tokens = 0;
+            while next_request < now {
+                tokens += 10;
+                next_request += 30;
+            }
+            let sq = if dispersed { tokens * 10 } else { tokens };
+            f.sample_costs(now, tokens, sq, 1000);
+        }
+        let before = f.rate();
+        for _ in 0..gap {
+            now += 20;
+            f.sample_costs(now, 0, 0, 1000);
+        }
+        (before, f.rate())
+    }
+
+    #[test]
+    fn a_gap_between_costly_requests_is_noise_not_a_drop() {
+        // 120 ms without a request where 4 were expected: counted as Poisson tokens (40
+        // expected) it reads as a drop, and the forecast falls to a fraction at once.
+        let (before, after) = gap_between_costly_requests(6, false);
+        assert!(
+            after < before * 0.5,
+            "as tokens: rate {after} from {before}"
+        );
+        // Judged with the tokens' dispersion (cost² over cost: 10), it is noise.
+        let (before, after) = gap_between_costly_requests(6, true);
+        assert!(
+            after > before * 0.7,
+            "dispersed: rate {after} from {before}"
+        );
+    }
+
+    #[test]
+    fn costly_demand_that_stops_is_still_followed() {
+        // A second without requests: the long memory follows the drop all the same.
+        let (before, after) = gap_between_costly_requests(50, true);
+        assert!(after < before * 0.2, "rate {after} from {before}");
     }
 
     #[test]

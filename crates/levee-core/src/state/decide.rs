@@ -50,7 +50,7 @@ impl KeyState {
     ) -> Option<Decision> {
         let ev = self.evaluate(target, cost, ctx);
         if !ev.would_allow || cost == 0 {
-            self.requested = self.requested.saturating_add(cost);
+            self.count_requested(cost);
             return None;
         }
         self.commit(target, cost, true, &ev, ctx);
@@ -167,7 +167,7 @@ impl KeyState {
             }
             self.pending.tallies = true;
         }
-        self.requested = self.requested.saturating_add(cost);
+        self.count_requested(cost);
         // A decision that finds this node short asks (in a long window).
         if asks_rights(ev, algo, now) {
             self.ask_rights(cost, algo.capacity(), now);

@@ -42,6 +42,10 @@ pub(super) struct DemandBook {
     pub(super) unmet: (u64, Millis),
     /// When the forecast last sampled requests (its clock when it did).
     pub(super) last_demand: Millis,
+    /// What the squares of the costs of the requests counted in `KeyState::requested` add
+    /// beyond the costs themselves (Σ cost² − cost: 0 when every one cost 1), for the
+    /// forecast's dispersion.
+    pub(super) requested_sq_extra: u64,
 }
 
 /// How long a deny's ask for rights stays published without a new deny.
@@ -92,6 +96,19 @@ impl KeyState {
         self.crdt.is_empty()
     }
 
+    /// Counts a request of `cost` tokens for the forecast's next sample.
+    #[inline]
+    pub(super) fn count_requested(&mut self, cost: u64) {
+        self.requested = self.requested.saturating_add(cost);
+        if cost > 1
+            && let Some(b) = self.demand_book.as_deref_mut()
+        {
+            b.requested_sq_extra = b
+                .requested_sq_extra
+                .saturating_add(cost.saturating_mul(cost - 1));
+        }
+    }
+
     /// The demand book, created (with a forecast whose clock starts at `now`) if missing.
     pub(super) fn demand_book_mut(&mut self, now: Millis) -> &mut DemandBook {
         self.demand_book.get_or_insert_with(|| {
@@ -99,6 +116,7 @@ impl KeyState {
                 forecast: Forecast::starting_at(now),
                 unmet: (0, 0),
                 last_demand: now,
+                requested_sq_extra: 0,
             })
         })
     }
@@ -107,12 +125,28 @@ impl KeyState {
     /// requests all fell in one gossip interval gets no forecast (it could not be primed
     /// before a second sample with requests anyway): the forecast starts at the second
     /// sample that sees requests, so a key used once costs no allocation.
-    pub(super) fn sample_forecast(&mut self, now: Millis, epoch_len: Millis) {
+    ///
+    /// `per_epoch`: the key's rights are held per epoch (fixed windows, quotas), and the
+    /// forecast judges a drop against the dispersion of the requests' costs. There a false
+    /// drop gives away rights of the running window, which come back a round trip later or
+    /// not before it ends (`levee-sim --set algorithms --seed 6965 --scenario fixed-window`).
+    /// Rights held continuously (buckets, sliding windows and logs) carry from one epoch to
+    /// the next, and judged the same way they followed moving demand later: `--set
+    /// algorithms --seeds 1400` lowered sliding windows from 1.0472 / 0.7660 to 1.0351 /
+    /// 0.6745 (mean / p1) and sliding logs from 1.0271 / 0.7326 to 1.0118 / 0.7133
+    /// (docs/accuracy.md).
+    pub(super) fn sample_forecast(&mut self, now: Millis, epoch_len: Millis, per_epoch: bool) {
         let requested = self.requested;
         match self.demand_book.as_mut() {
             Some(c) => {
-                if c.forecast.sample(now, requested, epoch_len) {
+                let sq = if per_epoch {
+                    requested.saturating_add(c.requested_sq_extra)
+                } else {
+                    requested
+                };
+                if c.forecast.sample_costs(now, requested, sq, epoch_len) {
                     self.requested = 0;
+                    c.requested_sq_extra = 0;
                     if requested > 0 {
                         c.last_demand = now;
                     }

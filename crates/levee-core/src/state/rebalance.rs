@@ -45,7 +45,7 @@ impl KeyState {
         let algo = target.algorithm;
         let now = ctx.now;
         let epoch_len = algo.epoch_len(now);
-        self.sample_forecast(now, epoch_len);
+        self.sample_forecast(now, epoch_len, algo.rights_per_epoch());
         let own = match self.demand_book.as_deref() {
             // In a long window, demand that paused is not kept for: what the node holds
             // beyond its use goes where requests wait (its forecast comes back with its next
@@ -111,6 +111,7 @@ impl KeyState {
                 forecast: Forecast::default(),
                 unmet: (0, 0),
                 last_demand: now,
+                requested_sq_extra: 0,
             })
         });
         let (unmet, at) = book.unmet;
