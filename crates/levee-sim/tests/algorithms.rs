@@ -6,7 +6,7 @@
 
 use levee_sim::mixed;
 use levee_sim::runner::parallel_map;
-use levee_sim::{Policy, Scenario, run_plan};
+use levee_sim::{Policy, RunOutcome, Scenario, run_plan};
 
 #[test]
 fn every_algorithm_holds_its_property_with_costs_and_refunds() {
@@ -111,6 +111,16 @@ fn token_buckets_under_even_demand_keep_their_stored_tokens() {
     );
 }
 
+/// Every property of Levee's held in `o`.
+fn assert_holds(o: &RunOutcome, what: &str) {
+    assert!(
+        o.violations.is_empty(),
+        "{what}: {:?}\n    replay: {}",
+        o.violations,
+        o.replay_command()
+    );
+}
+
 #[test]
 fn a_side_that_served_its_demand_is_not_short_because_some_was_given_back() {
     // `--set algorithms --seeds 10000` flagged these three as `partition-share` misses: in a
@@ -126,12 +136,7 @@ fn a_side_that_served_its_demand_is_not_short_because_some_was_given_back() {
         (seed, outcome)
     });
     for (seed, o) in &outcomes {
-        assert!(
-            o.violations.is_empty(),
-            "seed {seed}: {:?}\n    replay: {}",
-            o.violations,
-            o.replay_command()
-        );
+        assert_holds(o, &format!("seed {seed}"));
         let strict = o.run(Policy::Strict).expect("the strict run completed");
         let refunded: u64 = strict.ledger.windows.values().map(|b| b.refunded()).sum();
         assert!(refunded > 0, "seed {seed} gave nothing back");
@@ -153,12 +158,7 @@ fn a_gap_between_costly_requests_does_not_give_a_window_away() {
         "the run cuts region 2 off"
     );
     let o = run_plan(&plan, &[Policy::Strict]);
-    assert!(
-        o.violations.is_empty(),
-        "{:?}\n    replay: {}",
-        o.violations,
-        o.replay_command()
-    );
+    assert_holds(&o, "strict");
 }
 
 #[test]
@@ -169,12 +169,7 @@ fn a_crash_in_a_mixed_run_books_what_each_rule_lost() {
     // and within what the crash lost, read as a breach of the sliding window.
     let plan = Scenario::Mixed.plan(8259);
     let o = run_plan(&plan, &[Policy::Strict]);
-    assert!(
-        o.violations.is_empty(),
-        "{:?}\n    replay: {}",
-        o.violations,
-        o.replay_command()
-    );
+    assert_holds(&o, "strict");
     let strict = o.run(Policy::Strict).expect("the strict run completed");
     let key = plan
         .keys
