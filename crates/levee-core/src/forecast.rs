@@ -98,19 +98,19 @@ impl Forecast {
         }
         let epoch = epoch_ms.max(1) as f64;
         let alpha = |tau: f64| 1.0 - (-dt / tau).exp();
+        // Half a window of memory, but never more than the rebalancing horizon needs: a day's
+        // quota must not remember a morning burst until the evening.
+        let long_alpha = alpha((epoch / 2.0).min(MAX_LONG_MEMORY_MS));
         if requested > 0 {
             let d = (requested_sq.max(requested) as f64) / requested as f64;
             self.dispersion = if self.dispersion == 0.0 {
                 d
             } else {
-                self.dispersion
-                    + alpha((epoch / 2.0).min(MAX_LONG_MEMORY_MS)) * (d - self.dispersion)
+                self.dispersion + long_alpha * (d - self.dispersion)
             };
         }
-        // Half a window of memory, but never more than the rebalancing horizon needs: a day's
-        // quota must not remember a morning burst until the evening.
         let tau_short = (epoch / 16.0).min(MAX_LONG_MEMORY_MS / 8.0);
-        self.long += alpha((epoch / 2.0).min(MAX_LONG_MEMORY_MS)) * (rate - self.long);
+        self.long += long_alpha * (rate - self.long);
         self.short += alpha(tau_short) * (rate - self.short);
         // A shift is the short average far from the long one by a factor, and by more than
         // a Poisson count's noise: at a few requests per short memory, a gap or a clump of

@@ -110,24 +110,23 @@ pub fn ledger_keys(plan: &RunPlan, key: u32, class: u8) -> Vec<u32> {
 }
 
 /// The rules whose state counts usage per node and epoch (tallies), so that a crash can lose
-/// some of it: for every key, its ledger key, the rule's name, the key's index and whether
-/// the rule's property is checked per window (otherwise on the timeline, `crate::algos`).
-/// A mixed run's fixed window `r` and shadow sliding window `s`; its bucket `b` keeps a level
+/// some of it: for every key, its ledger key, the rule's name and the key's index (what the
+/// ledger key is checked against, per window or on the timeline, is [`bound_of`]'s). A mixed
+/// run's fixed window `r` and shadow sliding window `s`; its bucket `b` keeps a level
 /// register, not tallies, as a plan of buckets does (whose crashes this does not measure
 /// either).
-pub fn tallied(plan: &RunPlan) -> Vec<(u32, &'static str, u32, bool)> {
+pub fn tallied(plan: &RunPlan) -> Vec<(u32, &'static str, u32)> {
     let keys = 0..plan.keys.len() as u32;
     if plan.mixed {
         keys.flat_map(|k| {
             [
-                (ledger_key(plan, k, 0), RULES[0], k, true),
-                (ledger_key(plan, k, 3), RULES[2], k, false),
+                (ledger_key(plan, k, 0), RULES[0], k),
+                (ledger_key(plan, k, 3), RULES[2], k),
             ]
         })
         .collect()
     } else {
-        keys.map(|k| (k, crate::plan::RULE, k, plan.algo.per_window()))
-            .collect()
+        keys.map(|k| (k, crate::plan::RULE, k)).collect()
     }
 }
 

@@ -50,7 +50,7 @@ impl KeyState {
     ) -> Option<Decision> {
         let ev = self.evaluate(target, cost, ctx);
         if !ev.would_allow || cost == 0 {
-            self.count_requested(cost);
+            self.count_requested(cost, target.algorithm.rights_per_epoch());
             return None;
         }
         self.commit(target, cost, true, &ev, ctx);
@@ -167,7 +167,7 @@ impl KeyState {
             }
             self.pending.tallies = true;
         }
-        self.count_requested(cost);
+        self.count_requested(cost, algo.rights_per_epoch());
         // A decision that finds this node short asks (in a long window).
         if asks_rights(ev, algo, now) {
             self.ask_rights(cost, algo.capacity(), now);

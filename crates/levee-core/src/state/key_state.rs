@@ -44,7 +44,8 @@ pub(super) struct DemandBook {
     pub(super) last_demand: Millis,
     /// What the squares of the costs of the requests counted in `KeyState::requested` add
     /// beyond the costs themselves (Σ cost² − cost: 0 when every one cost 1), for the
-    /// forecast's dispersion.
+    /// forecast's dispersion; counted only where rights are held per epoch
+    /// (`KeyState::count_requested`).
     pub(super) requested_sq_extra: u64,
 }
 
@@ -96,11 +97,21 @@ impl KeyState {
         self.crdt.is_empty()
     }
 
-    /// Counts a request of `cost` tokens for the forecast's next sample.
+    /// Counts a request of `cost` tokens for the forecast's next sample. Where rights are
+    /// held per epoch (`per_epoch`: fixed windows, quotas), also what its cost's square adds,
+    /// so that the forecast judges a drop against the dispersion of the costs: there a false
+    /// drop gives away rights of the running window, which come back a round trip later or
+    /// not before it ends (`levee-sim --set algorithms --seed 6965 --scenario fixed-window`).
+    /// Rights held continuously (buckets, sliding windows and logs) carry from one epoch to
+    /// the next, and judged the same way they followed moving demand later: `--set
+    /// algorithms --seeds 1400` lowered sliding windows from 1.0472 / 0.7660 to 1.0351 /
+    /// 0.6745 (mean / p1) and sliding logs from 1.0271 / 0.7326 to 1.0118 / 0.7133
+    /// (docs/accuracy.md).
     #[inline]
-    pub(super) fn count_requested(&mut self, cost: u64) {
+    pub(super) fn count_requested(&mut self, cost: u64, per_epoch: bool) {
         self.requested = self.requested.saturating_add(cost);
-        if cost > 1
+        if per_epoch
+            && cost > 1
             && let Some(b) = self.demand_book.as_deref_mut()
         {
             b.requested_sq_extra = b
@@ -125,25 +136,11 @@ impl KeyState {
     /// requests all fell in one gossip interval gets no forecast (it could not be primed
     /// before a second sample with requests anyway): the forecast starts at the second
     /// sample that sees requests, so a key used once costs no allocation.
-    ///
-    /// `per_epoch`: the key's rights are held per epoch (fixed windows, quotas), and the
-    /// forecast judges a drop against the dispersion of the requests' costs. There a false
-    /// drop gives away rights of the running window, which come back a round trip later or
-    /// not before it ends (`levee-sim --set algorithms --seed 6965 --scenario fixed-window`).
-    /// Rights held continuously (buckets, sliding windows and logs) carry from one epoch to
-    /// the next, and judged the same way they followed moving demand later: `--set
-    /// algorithms --seeds 1400` lowered sliding windows from 1.0472 / 0.7660 to 1.0351 /
-    /// 0.6745 (mean / p1) and sliding logs from 1.0271 / 0.7326 to 1.0118 / 0.7133
-    /// (docs/accuracy.md).
-    pub(super) fn sample_forecast(&mut self, now: Millis, epoch_len: Millis, per_epoch: bool) {
+    pub(super) fn sample_forecast(&mut self, now: Millis, epoch_len: Millis) {
         let requested = self.requested;
         match self.demand_book.as_mut() {
             Some(c) => {
-                let sq = if per_epoch {
-                    requested.saturating_add(c.requested_sq_extra)
-                } else {
-                    requested
-                };
+                let sq = requested.saturating_add(c.requested_sq_extra);
                 if c.forecast.sample_costs(now, requested, sq, epoch_len) {
                     self.requested = 0;
                     c.requested_sq_extra = 0;

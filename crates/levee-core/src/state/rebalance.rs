@@ -45,7 +45,7 @@ impl KeyState {
         let algo = target.algorithm;
         let now = ctx.now;
         let epoch_len = algo.epoch_len(now);
-        self.sample_forecast(now, epoch_len, algo.rights_per_epoch());
+        self.sample_forecast(now, epoch_len);
         let own = match self.demand_book.as_deref() {
             // In a long window, demand that paused is not kept for: what the node holds
             // beyond its use goes where requests wait (its forecast comes back with its next

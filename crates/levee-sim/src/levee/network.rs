@@ -15,7 +15,7 @@ impl<'p> Driver<'p> {
                 // Remember what the node knew of its own entries, to measure what it forgets.
                 let mut memory = std::mem::take(&mut self.nodes[node].crash_memory);
                 let me = NodeIdx(node as u16);
-                for (lk, rule, k, _) in crate::mixed::tallied(self.plan) {
+                for (lk, rule, k) in crate::mixed::tallied(self.plan) {
                     let name = &self.plan.keys[k as usize];
                     let Some(crdt) = self.nodes[node].states.state(rule, name) else {
                         continue;
@@ -243,7 +243,7 @@ impl<'p> Driver<'p> {
         let rule_of = |lk: u32| tallied.iter().find(|t| t.0 == lk).copied();
         let entry = |m: usize, lk: u32, epoch: u64| -> (u64, u64) {
             let slot = rule_of(lk)
-                .and_then(|(_, rule, k, _)| {
+                .and_then(|(_, rule, k)| {
                     self.nodes[m]
                         .states
                         .state(rule, &self.plan.keys[k as usize])
@@ -277,7 +277,7 @@ impl<'p> Driver<'p> {
         }
         let at = self.nodes[n].crashed_at;
         for (k, epoch, lost, unrecovered) in found {
-            if rule_of(k).is_some_and(|t| t.3) {
+            if self.plan.bound_of(k).0.algo.per_window() {
                 let book = self.ledger.book(k, epoch);
                 book.forgotten += lost;
                 book.unrecovered += unrecovered;
