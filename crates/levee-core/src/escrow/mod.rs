@@ -46,6 +46,8 @@ mod need;
 mod scope;
 
 pub(crate) use need::need_of;
+use std::borrow::Cow;
+
 use need::with_margin;
 use scope::just_ended;
 pub(crate) use scope::{Scope, matrix, scopes};
@@ -56,6 +58,12 @@ use crate::replica::{NodeIdx, ReplicaSet};
 use crate::rights::{NANO, holdings, own_sub_bucket, tokens_of, write_level};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
+
+use smallvec::{SmallVec, smallvec};
+
+/// A figure per node, inline for clusters of up to 8 nodes: rebalancing reads several for
+/// every key it visits, and a heap allocation each cost more than the arithmetic.
+type PerNode<T> = SmallVec<[T; 8]>;
 
 /// How far ahead a node reserves rights for its own forecast demand. Windows shorter than
 /// this are covered whole; in longer ones rights keep flowing toward demand as it comes.
@@ -201,11 +209,11 @@ pub(crate) fn unspent(
         .fold(0u64, u64::saturating_add)
 }
 
-/// The static shares of a key's capacity: the target's bound split, or the list's.
-fn split_of(target: &Target<'_>, replicas: &ReplicaSet) -> Vec<u64> {
+/// The static shares of a key's capacity: the target's bound split (borrowed), or the list's.
+fn split_of<'t>(target: &Target<'t>, replicas: &ReplicaSet) -> Cow<'t, [u64]> {
     match target.split {
-        Some(s) => s.to_vec(),
-        None => replicas.split(target.algorithm.capacity()),
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(replicas.split(target.algorithm.capacity())),
     }
 }
 
@@ -252,10 +260,10 @@ fn rebalance_scope(
     }
     // What every node holds and needs, as far as this node knows.
     let n = replicas.len();
-    let mut held = vec![0u64; n];
-    let mut need = vec![0u64; n];
-    let mut need_soon = vec![0u64; n];
-    let mut received_seen = vec![0u64; n];
+    let mut held: PerNode<u64> = smallvec![0; n];
+    let mut need: PerNode<u64> = smallvec![0; n];
+    let mut need_soon: PerNode<u64> = smallvec![0; n];
+    let mut received_seen: PerNode<u64> = smallvec![0; n];
     for node in replicas.nodes() {
         let i = usize::from(node.0);
         held[i] = holdings(base_of(node), matrix, node);
@@ -294,7 +302,7 @@ fn rebalance_scope(
                 .saturating_sub(received_seen[usize::from(to.0)]),
         )
     };
-    let mut plan: Vec<(NodeIdx, u64)> = Vec::new();
+    let mut plan: PerNode<(NodeIdx, u64)> = SmallVec::new();
     if ctx.owner != me {
         // A region-mate of the owner: everything spare goes to the owner.
         if !ctx.view.acting_alone && (ctx.hears)(ctx.owner) && in_flight_ok(ctx.owner) {
@@ -322,7 +330,7 @@ fn rebalance_scope(
                 && !ctx.view.unreachable.contains(replicas.region_of(node))
                 && (ctx.hears)(node)
         };
-        let wants: Vec<(NodeIdx, u64, bool)> = replicas
+        let wants: PerNode<(NodeIdx, u64, bool)> = replicas
             .nodes()
             .filter(|&m| reachable(m))
             .map(|m| {

@@ -7,6 +7,7 @@ use crate::replica::NodeIdx;
 use crate::rights::inherited;
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
+use smallvec::{SmallVec, smallvec};
 
 use super::{MAX_CLOCK_SKEW_MS, PeerClock};
 
@@ -93,12 +94,12 @@ impl Scope {
 }
 
 /// The scopes an algorithm holds rights in at `now`: the current and the next epoch, or the
-/// continuous holdings.
-pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
+/// continuous holdings. Inline (no allocation): every rebalanced key asks for them.
+pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> SmallVec<[Scope; 2]> {
     if algo.rights_per_epoch() {
         let e = algo.epoch(now);
         let end = algo.epoch_end(e);
-        vec![
+        smallvec![
             Scope::Epoch {
                 epoch: e,
                 remaining_ms: end - now,
@@ -113,7 +114,7 @@ pub(crate) fn scopes(algo: &Algorithm, now: Millis) -> Vec<Scope> {
             },
         ]
     } else {
-        vec![Scope::Continuous]
+        smallvec![Scope::Continuous]
     }
 }
 
