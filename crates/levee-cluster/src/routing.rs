@@ -50,6 +50,10 @@ pub struct Router {
     full_rings: Rings,
     /// By position: whether the node was reachable when the rings were built.
     reachable: Vec<bool>,
+    /// Whether every node of this region that is not leaving is reachable: both rings of
+    /// the region are then the same, and no key of it was taken over (the usual case, in
+    /// which [`Router::taken_over_from`] answers without a second ring lookup).
+    region_whole: bool,
 }
 
 impl Router {
@@ -61,13 +65,19 @@ impl Router {
         reachable: impl Fn(NodeIdx) -> bool,
         leaving: impl Fn(NodeIdx) -> bool,
     ) -> Router {
+        let region = replicas.region_of(me);
+        let region_whole = replicas
+            .region_nodes(region)
+            .iter()
+            .all(|&n| n == me || leaving(n) || reachable(n));
         Router {
             me,
-            region: replicas.region_of(me),
+            region,
             regions: replicas.regions().len(),
             rings: Rings::new(replicas, |n| reachable(n) && !leaving(n)),
             full_rings: Rings::new(replicas, |n| !leaving(n)),
             reachable: replicas.positions().map(&reachable).collect(),
+            region_whole,
         }
     }
 
@@ -98,6 +108,9 @@ impl Router {
     /// is unreachable: the key's checks now come to another node of the region (this one,
     /// if [`Router::owner`] says so), which serves the demand the owner was serving.
     pub fn taken_over_from(&self, key: &[u8]) -> Option<NodeIdx> {
+        if self.region_whole {
+            return None;
+        }
         let natural = self.full_rings.owner(self.region, key)?;
         (natural != self.me && !self.is_reachable(natural)).then_some(natural)
     }
