@@ -169,3 +169,76 @@ impl std::fmt::Debug for Routes {
         f.debug_struct("Routes").finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use levee_core::ReplicaSpec;
+
+    /// eu-1, eu-2, eu-3 and us-1, by position 0 to 3.
+    fn replicas() -> ReplicaSet {
+        let regions = [("eu".to_owned(), 1), ("us".to_owned(), 1)];
+        let nodes: Vec<ReplicaSpec> = ["eu-1", "eu-2", "eu-3", "us-1"]
+            .iter()
+            .map(|id| ReplicaSpec {
+                id: (*id).into(),
+                region: id[..2].into(),
+                weight: None,
+            })
+            .collect();
+        ReplicaSet::new(&regions, &nodes).unwrap()
+    }
+
+    fn keys() -> impl Iterator<Item = Vec<u8>> {
+        (0..300).map(|i| format!("tenant-{i}").into_bytes())
+    }
+
+    #[test]
+    fn with_every_region_mate_reachable_no_key_is_taken_over() {
+        let r = replicas();
+        // us-1 (another region) unreachable does not matter to eu-1's keys.
+        let router = Router::new(&r, NodeIdx(0), |n| n != NodeIdx(3), |_| false);
+        for key in keys() {
+            assert_eq!(router.taken_over_from(&key), None);
+            let owner = router.owner(&key);
+            let expected = if owner == NodeIdx(0) {
+                Route::Local
+            } else {
+                Route::Owner(owner)
+            };
+            assert_eq!(router.route(&key), expected);
+        }
+    }
+
+    #[test]
+    fn an_unreachable_region_mate_s_keys_are_taken_over_and_no_others() {
+        let r = replicas();
+        let whole = Router::new(&r, NodeIdx(0), |_| true, |_| false);
+        let cut = Router::new(&r, NodeIdx(0), |n| n != NodeIdx(1), |_| false);
+        let (mut taken, mut kept) = (0, 0);
+        for key in keys() {
+            let natural = whole.owner(&key);
+            if natural == NodeIdx(1) {
+                taken += 1;
+                assert_eq!(cut.taken_over_from(&key), Some(NodeIdx(1)));
+                // eu-2's keys move to eu-1 or eu-3; eu-1 decides its part alone.
+                let now = cut.owner(&key);
+                assert_ne!(now, NodeIdx(1));
+                let expected = if now == NodeIdx(0) {
+                    Route::Alone
+                } else {
+                    Route::Owner(now)
+                };
+                assert_eq!(cut.route(&key), expected);
+            } else {
+                kept += 1;
+                assert_eq!(cut.taken_over_from(&key), None);
+                assert_eq!(cut.owner(&key), natural);
+            }
+        }
+        assert!(taken > 50 && kept > 150, "taken {taken}, kept {kept}");
+        // A region-mate that leaves owns nothing, so nothing is taken over from it.
+        let leaving = Router::new(&r, NodeIdx(0), |n| n != NodeIdx(1), |n| n == NodeIdx(1));
+        assert!(keys().all(|k| leaving.taken_over_from(&k).is_none()));
+    }
+}
