@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use crate::frame_io::{
     FrameError, PAYLOAD_BUDGET_BYTES, STREAM_NO_REPLY, STREAM_REFUSED, read_frame, write_frame,
 };
-use crate::metrics;
+use crate::metrics::{self, PeerMeter};
 use crate::peer_transport::Inbound;
 use crate::shared::Shared;
 
@@ -241,6 +241,7 @@ fn check_hello(
 /// closes.
 async fn serve(shared: Arc<Shared>, conn: Connection, hello: Hello, budget: Arc<Semaphore>) {
     let peer: Arc<str> = hello.node.clone().into();
+    let meter = Arc::new(PeerMeter::new(&peer));
     if !shared
         .deliver(Inbound {
             peer: peer.to_string(),
@@ -255,13 +256,13 @@ async fn serve(shared: Arc<Shared>, conn: Connection, hello: Hello, budget: Arc<
         tokio::select! {
             stream = conn.accept_uni() => match stream {
                 Ok(recv) => {
-                    tokio::spawn(serve_uni(shared.clone(), peer.clone(), conn.clone(), recv, budget.clone()));
+                    tokio::spawn(serve_uni(shared.clone(), peer.clone(), meter.clone(), conn.clone(), recv, budget.clone()));
                 }
                 Err(e) => break e,
             },
             stream = conn.accept_bi() => match stream {
                 Ok((send, recv)) => {
-                    tokio::spawn(serve_bi(shared.clone(), peer.clone(), conn.clone(), send, recv, budget.clone()));
+                    tokio::spawn(serve_bi(shared.clone(), peer.clone(), meter.clone(), conn.clone(), send, recv, budget.clone()));
                 }
                 Err(e) => break e,
             },
@@ -275,6 +276,7 @@ async fn serve(shared: Arc<Shared>, conn: Connection, hello: Hello, budget: Arc<
 async fn serve_uni(
     shared: Arc<Shared>,
     peer: Arc<str>,
+    meter: Arc<PeerMeter>,
     conn: Connection,
     mut recv: RecvStream,
     budget: Arc<Semaphore>,
@@ -282,7 +284,7 @@ async fn serve_uni(
     loop {
         match read_frame(&mut recv, &budget).await {
             Ok(Some((msg, bytes))) => {
-                metrics::frame_received(&peer, bytes);
+                meter.received(bytes);
                 shared.heard(&peer, conn.rtt());
                 if matches!(msg, Message::Hello(_)) {
                     debug!(peer = %peer, "ignored a Hello after the handshake");
@@ -314,6 +316,7 @@ async fn serve_uni(
 async fn serve_bi(
     shared: Arc<Shared>,
     peer: Arc<str>,
+    meter: Arc<PeerMeter>,
     conn: Connection,
     mut send: SendStream,
     mut recv: RecvStream,
@@ -321,7 +324,7 @@ async fn serve_bi(
 ) {
     let msg = match read_frame(&mut recv, &budget).await {
         Ok(Some((msg, bytes))) => {
-            metrics::frame_received(&peer, bytes);
+            meter.received(bytes);
             shared.heard(&peer, conn.rtt());
             msg
         }
@@ -364,7 +367,7 @@ async fn serve_bi(
     };
     match shared.encode(&reply) {
         Ok(Some(frame)) => match write_frame(&mut send, &frame).await {
-            Ok(()) => metrics::frame_sent(&peer, frame.len()),
+            Ok(()) => meter.sent(frame.len()),
             Err(e) => debug!(peer = %peer, error = %e, "could not write a reply"),
         },
         Ok(None) => {

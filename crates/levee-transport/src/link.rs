@@ -38,7 +38,7 @@ use crate::config::{DialAddr, DialTiming};
 use crate::connection::{PeerConn, connect, refuse};
 use crate::error::TransportError;
 use crate::frame_io::{FrameError, read_frame, write_frame};
-use crate::metrics;
+use crate::metrics::{self, PeerMeter};
 use crate::shared::{HeardListener, Shared};
 
 /// Frames waiting to be written to one peer; beyond this, new frames are dropped.
@@ -61,6 +61,8 @@ const REDIAL_MIN_AGE: Duration = Duration::from_millis(100);
 /// The way to one peer.
 pub(crate) struct PeerLink {
     id: String,
+    /// The peer's frame and queue series.
+    meter: PeerMeter,
     addr: DialAddr,
     queue: mpsc::Sender<Vec<u8>>,
     /// Bytes of the frames in `queue`.
@@ -97,6 +99,7 @@ impl PeerLink {
     ) -> Arc<PeerLink> {
         let (queue, frames) = mpsc::channel(SEND_QUEUE_FRAMES);
         let link = Arc::new(PeerLink {
+            meter: PeerMeter::new(&id),
             id,
             addr,
             queue,
@@ -156,7 +159,8 @@ impl PeerLink {
 
     fn report_queue(&self) {
         let frames = self.queue.max_capacity() - self.queue.capacity();
-        metrics::queue(&self.id, frames, self.queued_bytes.load(Ordering::Acquire));
+        self.meter
+            .queue(frames, self.queued_bytes.load(Ordering::Acquire));
     }
 
     /// Closes the connection to the peer, if any, so that the next frame dials anew. For a
@@ -187,10 +191,10 @@ impl PeerLink {
             .await
             .map_err(|e| stream_error(e.to_string()))?;
         write_frame(&mut send, frame).await.map_err(stream_error)?;
-        metrics::frame_sent(&self.id, frame.len());
+        self.meter.sent(frame.len());
         match read_frame(&mut recv, &pc.budget).await {
             Ok(Some((msg, bytes))) => {
-                metrics::frame_received(&self.id, bytes);
+                self.meter.received(bytes);
                 Ok(msg)
             }
             Ok(None) => Err(TransportError::NoReply {
@@ -296,7 +300,7 @@ impl PeerLink {
             return;
         };
         match send.write_all(&frame).await {
-            Ok(()) => metrics::frame_sent(&self.id, frame.len()),
+            Ok(()) => self.meter.sent(frame.len()),
             Err(e) => {
                 // The stream is gone with its connection (or was stopped): the next frame
                 // opens a new one.

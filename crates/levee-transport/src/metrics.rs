@@ -5,22 +5,53 @@
 //! comes from [`levee_proto::DecodeError::kind`] (plus `stalled`), `reason` and `direction`
 //! are fixed strings.
 
-use metrics::{counter, gauge};
+use metrics::{Counter, Gauge, counter, gauge};
 
 /// Label value for a peer that has not identified itself yet.
 pub(crate) const UNKNOWN_PEER: &str = "unknown";
 
-/// A frame was written to a stream for `peer`.
-pub(crate) fn frame_sent(peer: &str, bytes: usize) {
-    counter!("levee_transport_frames_sent_total", "peer" => peer.to_owned()).increment(1);
-    counter!("levee_transport_bytes_sent_total", "peer" => peer.to_owned()).increment(bytes as u64);
+/// One peer's frame and queue series, registered once per link or connection: a labelled
+/// `counter!` or `gauge!` copies its label and looks its series up in the registry each time
+/// it is called, and frames come by the thousand a second.
+pub(crate) struct PeerMeter {
+    frames_sent: Counter,
+    bytes_sent: Counter,
+    frames_received: Counter,
+    bytes_received: Counter,
+    queue_frames: Gauge,
+    queue_bytes: Gauge,
 }
 
-/// A frame from `peer` was read and decoded.
-pub(crate) fn frame_received(peer: &str, bytes: usize) {
-    counter!("levee_transport_frames_received_total", "peer" => peer.to_owned()).increment(1);
-    counter!("levee_transport_bytes_received_total", "peer" => peer.to_owned())
-        .increment(bytes as u64);
+impl PeerMeter {
+    pub(crate) fn new(peer: &str) -> PeerMeter {
+        let label = || peer.to_owned();
+        PeerMeter {
+            frames_sent: counter!("levee_transport_frames_sent_total", "peer" => label()),
+            bytes_sent: counter!("levee_transport_bytes_sent_total", "peer" => label()),
+            frames_received: counter!("levee_transport_frames_received_total", "peer" => label()),
+            bytes_received: counter!("levee_transport_bytes_received_total", "peer" => label()),
+            queue_frames: gauge!("levee_transport_queue_frames", "peer" => label()),
+            queue_bytes: gauge!("levee_transport_queue_bytes", "peer" => label()),
+        }
+    }
+
+    /// A frame of `bytes` was written to a stream for the peer.
+    pub(crate) fn sent(&self, bytes: usize) {
+        self.frames_sent.increment(1);
+        self.bytes_sent.increment(bytes as u64);
+    }
+
+    /// A frame of `bytes` from the peer was read and decoded.
+    pub(crate) fn received(&self, bytes: usize) {
+        self.frames_received.increment(1);
+        self.bytes_received.increment(bytes as u64);
+    }
+
+    /// What is queued for the peer now.
+    pub(crate) fn queue(&self, frames: usize, bytes: usize) {
+        self.queue_frames.set(frames as f64);
+        self.queue_bytes.set(bytes as f64);
+    }
 }
 
 /// A frame from `peer` was refused before anything was delivered.
@@ -59,8 +90,3 @@ pub(crate) fn connection_established(peer: &str, direction: &'static str) {
     counter!("levee_transport_connections_total", "peer" => peer.to_owned(), "direction" => direction).increment(1);
 }
 
-/// Frames and bytes waiting in the queue to `peer`.
-pub(crate) fn queue(peer: &str, frames: usize, bytes: usize) {
-    gauge!("levee_transport_queue_frames", "peer" => peer.to_owned()).set(frames as f64);
-    gauge!("levee_transport_queue_bytes", "peer" => peer.to_owned()).set(bytes as f64);
-}

@@ -103,6 +103,8 @@ pub struct Replication {
     /// Counts the peers' state merged here (deltas, pulled chunks): checks waiting for rights
     /// (`max_wait_ms`, see `crate::wait`) look again when it moves.
     merged: watch::Sender<u64>,
+    /// `levee_forwarded_checks_total`, registered once (a forward is counted per check).
+    forwarded: metrics::Counter,
 }
 
 /// How long a stopping node waits for its peers to acknowledge its last deltas.
@@ -190,6 +192,7 @@ impl Replication {
             stopped: watch::channel(false).0,
             leave_given_from: AtomicU64::new(0),
             merged: watch::channel(0).0,
+            forwarded: metrics::counter!("levee_forwarded_checks_total"),
         });
         repl.start_forwarders(&replicas);
         Ok((repl, inbound))
@@ -345,7 +348,7 @@ impl Replication {
     ) -> Option<oneshot::Receiver<Option<ForwardDecision>>> {
         let forwarders = self.forwarders.read();
         let tx = forwarders.get(usize::from(owner.0))?.as_ref()?;
-        metrics::counter!("levee_forwarded_checks_total").increment(1);
+        self.forwarded.increment(1);
         let (reply, rx) = oneshot::channel();
         tx.try_send(Job { check, now, reply }).ok()?;
         Some(rx)
