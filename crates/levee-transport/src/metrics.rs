@@ -89,4 +89,3 @@ pub(crate) fn handshake_refused() {
 pub(crate) fn connection_established(peer: &str, direction: &'static str) {
     counter!("levee_transport_connections_total", "peer" => peer.to_owned(), "direction" => direction).increment(1);
 }
-

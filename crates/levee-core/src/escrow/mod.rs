@@ -45,9 +45,9 @@
 mod need;
 mod scope;
 
-pub(crate) use need::need_of;
 use std::borrow::Cow;
 
+pub(crate) use need::need_of;
 use need::with_margin;
 use scope::just_ended;
 pub(crate) use scope::{Scope, matrix, scopes};
@@ -58,7 +58,6 @@ use crate::replica::{NodeIdx, ReplicaSet};
 use crate::rights::{NANO, holdings, own_sub_bucket, tokens_of, write_level};
 use crate::rule::{Algorithm, Target};
 use crate::time::Millis;
-
 use smallvec::{SmallVec, smallvec};
 
 /// A figure per node, inline for clusters of up to 8 nodes: rebalancing reads several for
