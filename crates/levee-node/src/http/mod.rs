@@ -21,7 +21,9 @@
 //! And what they share, each used by the files above and using none of them: `body.rs`
 //! (reading a JSON body), `request.rs` (what a check body says, and its validation),
 //! `decision.rs` (the JSON of a decision), `headers.rs` (the rate-limit headers, from which
-//! `authz.rs` builds its own header map), `response.rs` (JSON answers, errors included).
+//! `authz.rs` builds its own header map), `response.rs` (JSON answers, errors included),
+//! `leftover.rs` (what a handler that answers early leaves of a body is read before the
+//! answer, so the connection stays usable).
 //!
 //! Bodies are read up to `api.max_body` (413 beyond), must be JSON (415 otherwise), and are
 //! decoded with the path of any wrong field in the error (400). Every error is
@@ -39,6 +41,7 @@ mod decision;
 mod headers;
 mod key_from;
 mod leave;
+mod leftover;
 mod openapi;
 mod operations;
 mod overrides;
@@ -63,7 +66,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::Response;
 use axum::routing::{MethodRouter, any, get, post};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::service::TowerToHyperService;
 
 pub use body::decode;
@@ -326,7 +329,10 @@ impl hyper::service::Service<Request<Incoming>> for Api {
         if let Some(calls) = &self.calls {
             calls.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(rule) = direct_authz_rule(req.uri()) {
+        // A request with a body (which `/v1/authz` never reads) goes through the router, which
+        // reads what a handler left of it before answering.
+        let bodiless = req.body().is_end_stream();
+        if bodiless && let Some(rule) = direct_authz_rule(req.uri()) {
             let started = Instant::now();
             match authz_input(
                 &self.app,
@@ -348,12 +354,26 @@ impl hyper::service::Service<Request<Incoming>> for Api {
             }
         }
         req.extensions_mut().insert(ConnectInfo(self.peer));
-        let routed = self.router.call(req);
+        let left = (!bodiless).then(leftover::Leftover::default);
+        let routed = self
+            .router
+            .call(req.map(|body| leftover::Tracked::new(body, left.clone())));
+        let app = Arc::clone(&self.app);
         ApiFuture::Routed(Box::pin(async move {
-            match routed.await {
-                Ok(resp) => resp.map(Either::Right),
+            let mut resp = match routed.await {
+                Ok(resp) => resp,
                 Err(never) => match never {},
+            };
+            let rest = left.and_then(|l| l.lock().take());
+            if let Some(rest) = rest
+                && !leftover::drain(rest, app.max_body(), app.request_timeout()).await
+            {
+                resp.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
             }
+            resp.map(Either::Right)
         }))
     }
 }
