@@ -293,9 +293,14 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> Result<(), String> {
 /// Sends one request on `s` and reads its answer's head; `None` if the connection was closed
 /// without an answer.
 fn exchange(s: &mut TcpStream, request: &[u8]) -> Option<String> {
+    let _ = s.write_all(request);
+    read_head(s)
+}
+
+/// Reads an answer's head on `s` (10 s at most); `None` if the connection was closed first.
+fn read_head(s: &mut TcpStream) -> Option<String> {
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    let _ = s.write_all(request);
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -631,17 +636,7 @@ fn the_admin_token_can_come_from_the_environment() {
 /// Reads one whole answer on `s` (its head, then `Content-Length` bytes of body): the head, or
 /// `None` if the connection was closed before it was complete.
 fn whole_answer(s: &mut TcpStream) -> Option<String> {
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
+    let head = read_head(s)?;
     let len = head
         .lines()
         .find_map(|l| {

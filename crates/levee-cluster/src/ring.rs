@@ -83,11 +83,12 @@ impl Rings {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use levee_core::ReplicaSpec;
 
-    fn replicas() -> ReplicaSet {
+    /// eu-1, eu-2, eu-3 and us-1, by position 0 to 3 (the routing tests use it too).
+    pub(crate) fn replicas() -> ReplicaSet {
         let regions = [("eu".to_owned(), 1), ("us".to_owned(), 1)];
         let nodes: Vec<ReplicaSpec> = ["eu-1", "eu-2", "eu-3", "us-1"]
             .iter()

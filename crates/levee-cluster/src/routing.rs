@@ -173,21 +173,7 @@ impl std::fmt::Debug for Routes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use levee_core::ReplicaSpec;
-
-    /// eu-1, eu-2, eu-3 and us-1, by position 0 to 3.
-    fn replicas() -> ReplicaSet {
-        let regions = [("eu".to_owned(), 1), ("us".to_owned(), 1)];
-        let nodes: Vec<ReplicaSpec> = ["eu-1", "eu-2", "eu-3", "us-1"]
-            .iter()
-            .map(|id| ReplicaSpec {
-                id: (*id).into(),
-                region: id[..2].into(),
-                weight: None,
-            })
-            .collect();
-        ReplicaSet::new(&regions, &nodes).unwrap()
-    }
+    use crate::ring::tests::replicas;
 
     fn keys() -> impl Iterator<Item = Vec<u8>> {
         (0..300).map(|i| format!("tenant-{i}").into_bytes())
