@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use parking_lot::Mutex;
 
@@ -88,26 +88,12 @@ impl Drop for Tracked {
 }
 
 /// Reads the rest of a body a handler left: whether it ended within `limit` bytes and
-/// `within`.
-pub(super) async fn drain(mut body: Incoming, limit: usize, within: Duration) -> bool {
+/// `within` (what it held is dropped).
+pub(super) async fn drain(body: Incoming, limit: usize, within: Duration) -> bool {
     // Announced longer than that (a 413 judged by `Content-Length`): nothing to wait for.
     if body.size_hint().lower() > limit as u64 {
         return false;
     }
-    let read = async {
-        let mut read = 0usize;
-        while let Some(frame) = body.frame().await {
-            let Ok(frame) = frame else {
-                return false;
-            };
-            if let Some(data) = frame.data_ref() {
-                read = read.saturating_add(data.len());
-                if read > limit {
-                    return false;
-                }
-            }
-        }
-        true
-    };
-    tokio::time::timeout(within, read).await.unwrap_or(false)
+    let read = Limited::new(body, limit).collect();
+    matches!(tokio::time::timeout(within, read).await, Ok(Ok(_)))
 }

@@ -354,18 +354,20 @@ impl hyper::service::Service<Request<Incoming>> for Api {
             }
         }
         req.extensions_mut().insert(ConnectInfo(self.peer));
-        let left = (!bodiless).then(leftover::Leftover::default);
+        // Only a request with a body needs somewhere to leave it, and the app to bound the
+        // wait for its rest.
+        let left = (!bodiless).then(|| (leftover::Leftover::default(), Arc::clone(&self.app)));
+        let tracked = left.as_ref().map(|(l, _)| Arc::clone(l));
         let routed = self
             .router
-            .call(req.map(|body| leftover::Tracked::new(body, left.clone())));
-        let app = Arc::clone(&self.app);
+            .call(req.map(|body| leftover::Tracked::new(body, tracked)));
         ApiFuture::Routed(Box::pin(async move {
             let mut resp = match routed.await {
                 Ok(resp) => resp,
                 Err(never) => match never {},
             };
-            let rest = left.and_then(|l| l.lock().take());
-            if let Some(rest) = rest
+            let rest = left.and_then(|(l, app)| Some((l.lock().take()?, app)));
+            if let Some((rest, app)) = rest
                 && !leftover::drain(rest, app.max_body(), app.request_timeout()).await
             {
                 resp.headers_mut().insert(
