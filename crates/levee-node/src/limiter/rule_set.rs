@@ -37,6 +37,14 @@ impl RuleEntry {
             _ => &self.rule,
         }
     }
+
+    /// Until when a share of this rule waits to grow, if it still does at `now`.
+    pub fn waits_at(&self, now: Millis) -> Option<Millis> {
+        self.later
+            .as_ref()
+            .map(|&(at, _)| at)
+            .filter(|&at| now < at)
+    }
 }
 
 /// The rules in force, swapped whole on reload.
@@ -141,10 +149,7 @@ impl RuleSet {
         // on reload change every node's share alike, and apply at once as before.
         // (A reload while shares still wait keeps them waiting.)
         let list_changed = previous.replicas != replicas
-            || previous
-                .ordered
-                .iter()
-                .any(|e| e.later.as_ref().is_some_and(|(at, _)| now < *at));
+            || previous.ordered.iter().any(|e| e.waits_at(now).is_some());
         let ordered: Vec<Arc<RuleEntry>> = self
             .ordered
             .iter()
@@ -190,6 +195,22 @@ impl RuleSet {
         }
     }
 
+    /// The rules of this set a share of which waits to grow at `now` and did not wait as
+    /// long in `previous`, each with how long it waits, in ms.
+    pub fn newly_waiting(&self, previous: &RuleSet, now: Millis) -> Vec<(String, Millis)> {
+        self.ordered
+            .iter()
+            .filter_map(|e| {
+                let at = e.waits_at(now)?;
+                let before = previous
+                    .by_name
+                    .get(&e.rule.name)
+                    .and_then(|p| p.waits_at(now));
+                (before < Some(at)).then(|| (e.rule.name.clone(), at - now))
+            })
+            .collect()
+    }
+
     /// These rules as a node that starts holds them once it hears the lists run before its
     /// own, each with when it stopped being run (`levee_cluster::Event::ListsBefore`): every
     /// share no higher than under those whose change may still count at `now`, until it
@@ -205,7 +226,7 @@ impl RuleSet {
             .ordered
             .iter()
             .map(|e| {
-                let waits = e.later.as_ref().map(|(at, _)| *at).filter(|&at| now < at);
+                let waits = e.waits_at(now);
                 let full = e.later.as_ref().map_or(&e.rule, |(_, r)| r);
                 let Some((held, at)) =
                     full.held_by_lists_before(e.rule_at(now), waits, &self.replicas, before, now)

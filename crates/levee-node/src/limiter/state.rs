@@ -102,14 +102,18 @@ impl Limiter {
 
     /// Binds the rules in force to `spending`, the list decisions spend by while a
     /// membership change settles (`levee_cluster::Lists::spending`); counts are kept.
-    pub fn rebind(&self, spending: ReplicaSet) {
+    /// Returns the rules a share of which (this node's or another's) grew and waits from now
+    /// on (docs/membership.md: until the window after next), each with how long, in ms.
+    pub fn rebind(&self, spending: ReplicaSet) -> Vec<(String, Millis)> {
         let current = self.rules.load_full();
         if current.replicas == spending {
-            return;
+            return Vec::new();
         }
         let now = self.clock.now_ms();
-        self.rules
-            .store(Arc::new(current.rebound(&current, spending, now)));
+        let next = current.rebound(&current, spending, now);
+        let waits = next.newly_waiting(&current, now);
+        self.rules.store(Arc::new(next));
+        waits
     }
 
     /// Holds the rules' shares, as a node that starts does, no higher than under the lists
@@ -123,7 +127,7 @@ impl Limiter {
         let names = held
             .ordered
             .iter()
-            .filter(|e| e.later.as_ref().is_some_and(|(at, _)| now < *at))
+            .filter(|e| e.waits_at(now).is_some())
             .map(|e| e.rule.name.clone())
             .collect();
         self.rules.store(Arc::new(held));
@@ -242,4 +246,39 @@ pub fn forget_weight(
         return 0;
     }
     (u128::from(usage.used) * 1_000_000 / u128::from(usage.limit)).min(1_000_000) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::limiter::{Clock, Limiter};
+
+    const DAY_MS: u64 = 86_400_000;
+
+    /// A node of eu in a two-region cluster with the weights `weights`, and a day's quota.
+    fn config(weights: &str) -> Config {
+        let text = format!(
+            "[node]\nid = \"eu-1\"\nregion = \"eu\"\n\
+             [cluster]\nregions = {{ {weights} }}\n\
+             [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9000\"\n\
+             [[cluster.node]]\nid = \"us-1\"\nregion = \"us\"\naddr = \"127.0.0.1:9001\"\n\
+             [[rule]]\nname = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 600\nwindow = \"1d\"\n"
+        );
+        Config::parse(&text, "t.toml").expect("valid")
+    }
+
+    #[test]
+    fn a_rebind_names_the_rules_whose_grown_share_waits_and_for_how_long() {
+        let l = Limiter::new(&config("eu = 1, us = 1"), Clock::default());
+        let grown = config("eu = 3, us = 1").replicas;
+        let waits = l.rebind(grown.clone());
+        let [(rule, ms)] = waits.as_slice() else {
+            panic!("one rule waits: {waits:?}");
+        };
+        assert_eq!(rule, "daily");
+        // Into the day after next: more than a day from now, at most two.
+        assert!((DAY_MS..=2 * DAY_MS).contains(ms), "{ms} ms");
+        // Bound to the same list again: nothing new waits.
+        assert_eq!(l.rebind(grown), Vec::new());
+    }
 }

@@ -406,9 +406,21 @@ impl Replication {
                     // this batch is seen to grow, and waits), then, as for the view, the
                     // machine's current list, read and bound in one ordered step.
                     let _order = self.shares_order.lock();
-                    host.limiter().rebind(list);
+                    let mut waits = host.limiter().rebind(list);
                     let spending = self.cluster.lock().spending();
-                    host.limiter().rebind(spending);
+                    for (rule, ms) in host.limiter().rebind(spending) {
+                        match waits.iter_mut().find(|(r, _)| *r == rule) {
+                            Some(w) => w.1 = ms,
+                            None => waits.push((rule, ms)),
+                        }
+                    }
+                    if !waits.is_empty() {
+                        tracing::info!(
+                            ?waits,
+                            "shares grew with the node list: each waits (rule, ms) for the \
+                             window after next before it applies (docs/membership.md)"
+                        );
+                    }
                 }
                 Event::ListsBefore(before) => {
                     // In order with the rebinds (this comes before `Synced`: nothing was
