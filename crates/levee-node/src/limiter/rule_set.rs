@@ -206,6 +206,7 @@ impl RuleSet {
                     .by_name
                     .get(&e.rule.name)
                     .and_then(|p| p.waits_at(now));
+                // Not waiting before (`None`) or until earlier.
                 (before < Some(at)).then(|| (e.rule.name.clone(), at - now))
             })
             .collect()

@@ -100,19 +100,26 @@ impl Limiter {
         self.notices.reconfigure(config);
     }
 
-    /// Binds the rules in force to `spending`, the list decisions spend by while a
-    /// membership change settles (`levee_cluster::Lists::spending`); counts are kept.
-    /// Returns the rules a share of which (this node's or another's) grew and waits from now
-    /// on (docs/membership.md: until the window after next), each with how long, in ms.
-    pub fn rebind(&self, spending: ReplicaSet) -> Vec<(String, Millis)> {
-        let current = self.rules.load_full();
-        if current.replicas == spending {
+    /// Binds the rules in force to each of `lists` in turn, the lists decisions spend by
+    /// while a membership change settles (`levee_cluster::Lists::spending`; a share that
+    /// shrinks under one and grows again under the next is seen to grow, and waits); counts
+    /// are kept. Returns the rules a share of which (this node's or another's) grew and waits
+    /// from now on (docs/membership.md: until the window after next), each with how long, in
+    /// ms.
+    pub fn rebind(&self, lists: impl IntoIterator<Item = ReplicaSet>) -> Vec<(String, Millis)> {
+        let before = self.rules.load_full();
+        let now = self.clock.now_ms();
+        let mut bound = Arc::clone(&before);
+        for spending in lists {
+            if bound.replicas != spending {
+                bound = Arc::new(bound.rebound(&bound, spending, now));
+            }
+        }
+        if Arc::ptr_eq(&bound, &before) {
             return Vec::new();
         }
-        let now = self.clock.now_ms();
-        let next = current.rebound(&current, spending, now);
-        let waits = next.newly_waiting(&current, now);
-        self.rules.store(Arc::new(next));
+        let waits = bound.newly_waiting(&before, now);
+        self.rules.store(bound);
         waits
     }
 
@@ -271,7 +278,7 @@ mod tests {
     fn a_rebind_names_the_rules_whose_grown_share_waits_and_for_how_long() {
         let l = Limiter::new(&config("eu = 1, us = 1"), Clock::default());
         let grown = config("eu = 3, us = 1").replicas;
-        let waits = l.rebind(grown.clone());
+        let waits = l.rebind([grown.clone()]);
         let [(rule, ms)] = waits.as_slice() else {
             panic!("one rule waits: {waits:?}");
         };
@@ -279,6 +286,6 @@ mod tests {
         // Into the day after next: more than a day from now, at most two.
         assert!((DAY_MS..=2 * DAY_MS).contains(ms), "{ms} ms");
         // Bound to the same list again: nothing new waits.
-        assert_eq!(l.rebind(grown), Vec::new());
+        assert_eq!(l.rebind([grown]), Vec::new());
     }
 }

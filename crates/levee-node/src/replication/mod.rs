@@ -406,14 +406,8 @@ impl Replication {
                     // this batch is seen to grow, and waits), then, as for the view, the
                     // machine's current list, read and bound in one ordered step.
                     let _order = self.shares_order.lock();
-                    let mut waits = host.limiter().rebind(list);
                     let spending = self.cluster.lock().spending();
-                    for (rule, ms) in host.limiter().rebind(spending) {
-                        match waits.iter_mut().find(|(r, _)| *r == rule) {
-                            Some(w) => w.1 = ms,
-                            None => waits.push((rule, ms)),
-                        }
-                    }
+                    let waits = host.limiter().rebind([list, spending]);
                     if !waits.is_empty() {
                         tracing::info!(
                             ?waits,
