@@ -8,7 +8,10 @@
 //! sees one answer and a counter that went up twice). So each batch keeps the consuming
 //! checks it carried, and a late answer's admitted ones are sent back to the owner as
 //! refunds ([`Answer::Late`]). Checks with an idempotency key are not given back: a retry of
-//! one would be answered from the owner's cache, admitted, without consuming again.
+//! one would be answered from the owner's cache, admitted, without consuming again. Nor is a
+//! window's check whose window may have ended by the time the refund is applied: a refund
+//! draws from the window it arrives in, and would free there a right the window never gave
+//! ([`levee_core::Algorithm::late_refund_is_safe`], [`GIVE_BACK_MARGIN_MS`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +22,10 @@ use crate::event::ForwardId;
 
 /// How long after its deadline a batch's late answer is still given back.
 pub(crate) const LATE_GRACE_MS: Millis = 30_000;
+/// How long a give-back is allowed, past the late answer, to reach the owner and be applied:
+/// a window's admission is given back only if its window runs at least this much longer. (A
+/// node releasing an atomic call's reservation at another owner allows the same.)
+pub const GIVE_BACK_MARGIN_MS: Millis = 30_000;
 /// The most checks kept, over every timed-out batch, for late answers: beyond it the oldest
 /// batches are forgotten (their late admissions then stay counted, never admitting more).
 pub(crate) const LATE_MAX_CHECKS: usize = 4_096;
@@ -28,6 +35,8 @@ pub(crate) const LATE_MAX_CHECKS: usize = 4_096;
 struct Pending {
     owner: NodeIdx,
     checks: usize,
+    /// When it was sent.
+    asked: Millis,
     deadline: Millis,
     /// Its consuming checks, by position, as the refunds that would give them back.
     give_back: Vec<(usize, ForwardCheck)>,
@@ -53,9 +62,10 @@ pub(crate) enum Answer {
     Accepted,
     /// From the owner, but not one decision per check: decide the batch alone.
     Malformed,
-    /// From the owner after the batch timed out (it was decided here): these refunds give
-    /// the owner back what it admitted.
-    Late(Vec<ForwardCheck>),
+    /// From the owner after the batch timed out (it was decided here): these refunds, each
+    /// with its check's position in the batch, would give the owner back what it admitted
+    /// (the caller keeps those whose refund is safe, [`GiveBack::safe`]).
+    Late(GiveBack),
     /// Not waited for (from another node, or forgotten): ignored.
     Unexpected,
 }
@@ -73,12 +83,38 @@ fn give_back(c: &ForwardCheck) -> Option<ForwardCheck> {
     })
 }
 
+/// A late answer's admissions, as the refunds that would give them back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GiveBack {
+    /// When the batch was sent.
+    pub(crate) asked: Millis,
+    /// Each admitted check's position in the batch and its refund.
+    pub(crate) refunds: Vec<(usize, ForwardCheck)>,
+}
+
+impl GiveBack {
+    /// Whether the refund of a check admitted with `reset_after_ms`, under `algorithm`, can
+    /// be sent `now` without ever admitting more than the limit: applied by the owner within
+    /// [`GIVE_BACK_MARGIN_MS`], it takes back only what the admission took.
+    pub(crate) fn safe(
+        &self,
+        algorithm: Option<&levee_core::Algorithm>,
+        reset_after_ms: u64,
+        now: Millis,
+    ) -> bool {
+        let after = now.saturating_sub(self.asked) + GIVE_BACK_MARGIN_MS;
+        algorithm.is_some_and(|a| a.late_refund_is_safe(reset_after_ms, after))
+    }
+}
+
 impl PendingForwards {
-    /// Records a batch of `checks` sent to `owner` now; returns its id.
+    /// Records a batch of `checks` sent to `owner` at `asked`, to be answered by `deadline`;
+    /// returns its id.
     pub(crate) fn open(
         &mut self,
         owner: NodeIdx,
         checks: &[ForwardCheck],
+        asked: Millis,
         deadline: Millis,
     ) -> ForwardId {
         self.next_id += 1;
@@ -93,6 +129,7 @@ impl PendingForwards {
             Pending {
                 owner,
                 checks: checks.len(),
+                asked,
                 deadline,
                 give_back,
             },
@@ -125,13 +162,14 @@ impl PendingForwards {
                 let p = self.late.remove(&id).expect("just found");
                 self.late_checks -= p.give_back.len();
                 let admitted: Vec<bool> = admitted.collect();
-                Answer::Late(
-                    p.give_back
+                Answer::Late(GiveBack {
+                    asked: p.asked,
+                    refunds: p
+                        .give_back
                         .into_iter()
                         .filter(|(i, _)| admitted[*i])
-                        .map(|(_, r)| r)
                         .collect(),
-                )
+                })
             }
             _ => Answer::Unexpected,
         }
@@ -191,7 +229,7 @@ mod tests {
     #[test]
     fn an_answer_in_time_is_accepted_and_nothing_is_kept() {
         let mut p = PendingForwards::default();
-        let id = p.open(OWNER, &[check("a", 1), check("b", 2)], 100);
+        let id = p.open(OWNER, &[check("a", 1), check("b", 2)], 0, 100);
         assert_eq!(
             p.answer(OWNER, id, [true, false].into_iter()),
             Answer::Accepted
@@ -220,7 +258,7 @@ mod tests {
             refund,
             check("c", 1),
         ];
-        let id = p.open(OWNER, &batch, 100);
+        let id = p.open(OWNER, &batch, 0, 100);
         assert_eq!(p.expire(99), Vec::<ForwardId>::new());
         assert_eq!(p.expire(100), vec![id]);
         // From another node, or with the wrong count: ignored, and still kept.
@@ -233,11 +271,12 @@ mod tests {
         let Answer::Late(back) = p.answer(OWNER, id, admitted.into_iter()) else {
             panic!("a late answer from the owner");
         };
-        let back: Vec<(&str, u64, bool)> = back
+        let back: Vec<(usize, &str, u64, bool)> = back
+            .refunds
             .iter()
-            .map(|c| (c.key.as_str(), c.cost, c.refund))
+            .map(|(i, c)| (*i, c.key.as_str(), c.cost, c.refund))
             .collect();
-        assert_eq!(back, [("a", 3, true), ("c", 1, true)]);
+        assert_eq!(back, [(0, "a", 3, true), (5, "c", 1, true)]);
         assert_eq!(
             p.answer(OWNER, id, admitted.into_iter()),
             Answer::Unexpected
@@ -248,18 +287,18 @@ mod tests {
     #[test]
     fn timed_out_batches_are_forgotten_after_the_grace_or_beyond_the_cap() {
         let mut p = PendingForwards::default();
-        let old = p.open(OWNER, &[check("a", 1)], 100);
+        let old = p.open(OWNER, &[check("a", 1)], 0, 100);
         p.expire(100);
-        let newer = p.open(OWNER, &[check("b", 1)], 200);
+        let newer = p.open(OWNER, &[check("b", 1)], 0, 200);
         p.expire(100 + LATE_GRACE_MS);
         assert_eq!(p.answer(OWNER, old, [true].into_iter()), Answer::Unexpected);
         assert!(matches!(
             p.answer(OWNER, newer, [true].into_iter()),
-            Answer::Late(b) if b.len() == 1
+            Answer::Late(b) if b.refunds.len() == 1
         ));
         // Beyond the cap the oldest go first.
         let ids: Vec<ForwardId> = (0..LATE_MAX_CHECKS + 2)
-            .map(|_| p.open(OWNER, &[check("x", 1)], 300))
+            .map(|_| p.open(OWNER, &[check("x", 1)], 0, 300))
             .collect();
         p.expire(300);
         assert_eq!(p.late_checks, LATE_MAX_CHECKS);
@@ -271,5 +310,46 @@ mod tests {
             p.answer(OWNER, ids[2], [true].into_iter()),
             Answer::Late(_)
         ));
+    }
+
+    /// A window's admission is given back only while its window surely outlasts the refund
+    /// (the time since the ask, plus the margin for the refund to arrive); a bucket's always;
+    /// a sliding log's, or one of an unknown rule, never.
+    #[test]
+    fn a_give_back_is_safe_only_while_the_admissions_window_outlasts_it() {
+        use levee_core::Algorithm;
+        let back = GiveBack {
+            asked: 1_000,
+            refunds: Vec::new(),
+        };
+        let window = Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: 3_600_000,
+        };
+        // Answered at 1 600: the refund lands by 1 600 + the margin, 600 + the margin after
+        // the ask; the window ended no earlier than `reset_after_ms` after the ask.
+        let needed = 600 + GIVE_BACK_MARGIN_MS;
+        assert!(back.safe(Some(&window), needed + 1, 1_600));
+        assert!(!back.safe(Some(&window), needed, 1_600));
+        assert!(!back.safe(Some(&window), 100, 1_600));
+        let sliding = Algorithm::SlidingWindow {
+            limit: 10,
+            window_ms: 60_000,
+        };
+        assert!(back.safe(Some(&sliding), 60_000 + needed + 1, 1_600));
+        assert!(!back.safe(Some(&sliding), 60_000 + needed, 1_600));
+        let bucket = Algorithm::TokenBucket {
+            rate: 1,
+            per_ms: 1_000,
+            burst: 5,
+            shaping: None,
+        };
+        assert!(back.safe(Some(&bucket), 0, 1_000_000));
+        let log = Algorithm::SlidingLog {
+            limit: 10,
+            window_ms: 3_600_000,
+        };
+        assert!(!back.safe(Some(&log), 3_600_000, 1_600));
+        assert!(!back.safe(None, u64::MAX, 1_600));
     }
 }

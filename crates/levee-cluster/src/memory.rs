@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use levee_core::{
-    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, ReplicaSet, Rule,
-    RuleMode, Target, Usage,
+    Algorithm, ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, ReplicaSet,
+    Rule, RuleMode, Target, Usage,
 };
 use levee_proto::{decode_id, encode_id};
 
@@ -230,6 +230,10 @@ impl KeyStates for MemoryStates {
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
         self.keys.get(id).map(|s| s.crdt().clone())
+    }
+
+    fn algorithm_of(&self, rule: &str, class: Option<&str>, _now: Millis) -> Option<Algorithm> {
+        self.rules.get(rule)?.algorithm_of(class)
     }
 
     fn activate_all(&mut self) {

@@ -2,7 +2,7 @@
 //! state machine asks of a store. A node keeps its keys in its concurrent store, the
 //! simulator and the tests in [`crate::memory::MemoryStates`].
 
-use levee_core::{KeyCrdt, KeyState, Millis, Target};
+use levee_core::{Algorithm, KeyCrdt, KeyState, Millis, Target};
 use levee_proto::OverrideEntry;
 
 /// Why a key's state was not merged.
@@ -31,6 +31,13 @@ pub trait KeyStates {
     fn changed_since(&self, id: &[u8], since: Millis) -> bool {
         let _ = (id, since);
         false
+    }
+    /// The algorithm deciding `rule`'s checks of `class` at `now` (a class's own bucket's, under
+    /// separate classes), if the rule is known: what a late answer's give-back is weighed
+    /// by. A store that does not know says `None`, and nothing is given back.
+    fn algorithm_of(&self, rule: &str, class: Option<&str>, now: Millis) -> Option<Algorithm> {
+        let _ = (rule, class, now);
+        None
     }
     /// A copy of one key's state, if held.
     fn get(&self, id: &[u8]) -> Option<KeyCrdt>;

@@ -1234,6 +1234,92 @@ fn refund_on_a_fresh_key_leaves_it_at_the_limit() {
     }
 }
 
+/// Why a late answer's admission is given back only while its window runs: a fixed window's
+/// refund draws from the window it arrives in. An admission nobody was told of, late in one
+/// window (asked at 850 ms, decided at 900 ms, `reset_after_ms` 100), given back 200 ms into
+/// the next one (where the node has already admitted the window's limit: an overloaded key)
+/// lets that window admit its limit and one more — and `late_refund_is_safe`
+/// says no for it. Given back inside its own window (40 ms after the ask), the window's
+/// admissions stay within the limit, and it says yes.
+#[test]
+fn a_windows_refund_of_an_admission_of_the_window_before_frees_a_right_it_never_gave() {
+    let spec = fixed_window(4, 1_000);
+    let mut core = Limiter::new(&spec);
+    let algorithm = core.rule.algorithm;
+    let unseen = core.decide(T0 + 900, 1);
+    assert!(unseen.allowed);
+    assert_eq!(unseen.reset_after_ms, 100);
+    // The next window, overloaded: ten checks at 1 100 ms, the refund at 1 200 ms (or none),
+    // ten more at 1 300 ms.
+    let admitted_next = |core: &mut Limiter, give_back: bool| {
+        let mut n = (0..10)
+            .filter(|i| core.decide(T0 + 1_100 + i, 1).allowed)
+            .count();
+        if give_back {
+            core.refund(T0 + 1_200, None, 1);
+        }
+        n += (0..10)
+            .filter(|i| core.decide(T0 + 1_300 + i, 1).allowed)
+            .count();
+        n
+    };
+    assert!(!algorithm.late_refund_is_safe(unseen.reset_after_ms, 1_200 - 850));
+    let mut fresh = Limiter::new(&spec);
+    fresh.decide(T0 + 900, 1);
+    assert_eq!(
+        admitted_next(&mut fresh, false),
+        4,
+        "the next window on its own"
+    );
+    // One more than the limit in the window after (the unseen admission is in the one before).
+    assert_eq!(admitted_next(&mut core, true), 5);
+
+    let mut core = Limiter::new(&spec);
+    core.decide(T0 + 900, 1);
+    assert!(algorithm.late_refund_is_safe(100, 940 - 850));
+    core.refund(T0 + 940, None, 1);
+    let seen = (0..10)
+        .filter(|i| core.decide(T0 + 950 + i, 1).allowed)
+        .count();
+    assert_eq!(
+        seen, 4,
+        "the window's limit, the unseen admission given back"
+    );
+}
+
+/// A token bucket's refund, whenever it comes after the admission it gives back, never
+/// leaves the bucket fuller than had the admission not happened: at every later instant it
+/// admits no more than the bucket that never saw it.
+#[test]
+fn a_buckets_late_refund_never_leaves_it_fuller_than_without_the_admission() {
+    let spec = token_bucket(4, 1_000, 4);
+    for decided in [0u64, 100, 700] {
+        for refunded_after in [0u64, 1, 250, 999, 5_000] {
+            let mut with = Limiter::new(&spec);
+            let mut without = Limiter::new(&spec);
+            // Both spend the same before; `with` admits one nobody sees, then gives it back.
+            for t in [0u64, 10, 20] {
+                with.decide(T0 + t, 1);
+                without.decide(T0 + t, 1);
+            }
+            assert!(with.decide(T0 + 30 + decided, 1).allowed);
+            let at = T0 + 30 + decided + refunded_after;
+            with.refund(at, None, 1);
+            assert!(with.rule.algorithm.late_refund_is_safe(0, refunded_after));
+            for dt in [0u64, 1, 100, 500, 2_000] {
+                let (w, wo) = (
+                    with.usage(at + dt, None).remaining,
+                    without.usage(at + dt, None).remaining,
+                );
+                assert!(
+                    w <= wo,
+                    "decided +{decided}, refunded {refunded_after} ms later: {w} > {wo} at +{dt}"
+                );
+            }
+        }
+    }
+}
+
 // ---- shadow mode and dry runs ---------------------------------------------------------------
 
 #[test]

@@ -56,6 +56,10 @@ fn describe() {
         "Checks a key's owner admitted after this node had stopped waiting for it and decided them itself: given back to the owner."
     );
     describe_counter!(
+        "levee_forward_late_withheld_total",
+        "Checks a key's owner admitted after this node had stopped waiting for it, kept counted: their window could end before a refund arrived."
+    );
+    describe_counter!(
         "levee_degraded_decisions_total",
         "Decisions made under a conservative cap."
     );

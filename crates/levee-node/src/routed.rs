@@ -182,7 +182,10 @@ impl App {
                         idempotency_key: release_key.as_deref(),
                         ..*r
                     };
-                    if let Some(back) = self.release(release, *at).await {
+                    if let Some(back) = self
+                        .release(release, *at, now, out.decision.reset_after_ms)
+                        .await
+                    {
                         out.decision.remaining = back.decision.remaining;
                         out.decision.reset_after_ms = back.decision.reset_after_ms;
                     }
@@ -208,16 +211,53 @@ impl App {
         })
     }
 
-    /// Gives back a reservation of a denied atomic call where it was taken. `None` if the
-    /// owner could not be reached: the reservation then stays counted (on the safe side of
-    /// the limit), and is counted in `levee_all_release_failed_total`.
-    async fn release(&self, req: CheckRef<'_>, at: DecidedAt) -> Option<Outcome> {
+    /// Gives back a reservation of a denied atomic call where it was taken, asked for at
+    /// `asked` and answered `reset_after_ms`. `None` if the owner could not be reached: the
+    /// reservation then stays counted (on the safe side of the limit), and is counted in
+    /// `levee_all_release_failed_total`. Also `None`, counted in
+    /// `levee_all_release_withheld_total`, where a refund could land after the reservation's
+    /// window ended: a window's refund draws from the window it arrives in, and would free a
+    /// right the next window never gave ([`levee_core::Algorithm::late_refund_is_safe`]).
+    /// Here that is decided at the refund's own instant; at another owner the refund is
+    /// allowed [`levee_cluster::GIVE_BACK_MARGIN_MS`] to get there, as a late answer's
+    /// give-back is. So a reservation is withheld only in a window that ends within that
+    /// margin: it stays counted for at most that long.
+    async fn release(
+        &self,
+        req: CheckRef<'_>,
+        at: DecidedAt,
+        asked: Millis,
+        reset_after_ms: u64,
+    ) -> Option<Outcome> {
+        let withheld = || {
+            metrics::counter!("levee_all_release_withheld_total").increment(1);
+            None
+        };
         let back = match at {
-            DecidedAt::Here => self.limiter.refund_with(req, false).ok(),
-            DecidedAt::Alone => self.limiter.refund_with(req, true).ok(),
+            DecidedAt::Here | DecidedAt::Alone => {
+                match self
+                    .limiter
+                    .release_with(req, at == DecidedAt::Alone, asked, reset_after_ms)
+                {
+                    Ok(Some(out)) => Some(out),
+                    Ok(None) => return withheld(),
+                    Err(_) => None,
+                }
+            }
             DecidedAt::Owner(owner) => {
                 let repl = self.replication.as_ref()?;
                 let now = self.limiter.clock.now_ms();
+                let after = now.saturating_sub(asked) + levee_cluster::GIVE_BACK_MARGIN_MS;
+                let safe = self
+                    .limiter
+                    .rules()
+                    .by_name
+                    .get(req.rule)
+                    .and_then(|e| e.rule_at(now).algorithm_of(req.class))
+                    .is_some_and(|a| a.late_refund_is_safe(reset_after_ms, after));
+                if !safe {
+                    return withheld();
+                }
                 match repl.forward(owner, forward_check(req, true), now).await {
                     Some(d) => self
                         .limiter

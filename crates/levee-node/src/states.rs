@@ -4,7 +4,7 @@
 //! list once; the machine rebalances those keys (strict mode) and sends their deltas.
 
 use levee_cluster::{DigestBuckets, KeyStates, Refused, key_fingerprint, override_hash};
-use levee_core::{ClusterView, DecideCtx, Effect, KeyCrdt, KeyState, Millis, Target};
+use levee_core::{Algorithm, ClusterView, DecideCtx, Effect, KeyCrdt, KeyState, Millis, Target};
 use levee_proto::{OverrideEntry, decode_id};
 
 use crate::limiter::{Limiter, OverrideTable, RuleSet};
@@ -224,6 +224,14 @@ impl KeyStates for NodeStates<'_> {
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
         self.limiter.store().peek(id, |s| s.crdt().clone())
+    }
+
+    fn algorithm_of(&self, rule: &str, class: Option<&str>, now: Millis) -> Option<Algorithm> {
+        self.rules
+            .by_name
+            .get(rule)?
+            .rule_at(now)
+            .algorithm_of(class)
     }
 
     fn activate_all(&mut self) {

@@ -128,6 +128,9 @@ pub struct Cluster {
     refused: u64,
     /// Checks given back to their owners after late answers.
     given_back_late: u64,
+    /// Late answers' admissions kept counted: a refund of them could have landed in a later
+    /// window than theirs.
+    withheld_late: u64,
     /// Rights this node gave away by rebalancing (strict mode), in tokens.
     rights_given: u64,
     /// `cluster.local_first`: this node decides, as a region-mate of a key's owner, the
@@ -172,6 +175,7 @@ impl Cluster {
             heir_pull: None,
             refused: 0,
             given_back_late: 0,
+            withheld_late: 0,
             rights_given: 0,
             local_first: false,
             overrides: overrides::OverrideSync::default(),
@@ -343,6 +347,13 @@ impl Cluster {
         self.given_back_late
     }
 
+    /// Admissions of late answers not given back, though nobody was told of them: their
+    /// window might have ended before a refund reached the owner (a refund draws from the
+    /// window it arrives in), so they stay counted — fewer admissions, never more.
+    pub fn withheld_late(&self) -> u64 {
+        self.withheld_late
+    }
+
     /// Rights (tokens) this node has given to others by rebalancing so far (strict mode).
     pub fn rights_given(&self) -> u64 {
         self.rights_given
@@ -386,7 +397,7 @@ impl Cluster {
     /// [`Event::ForwardFailed`] after `forward_timeout`.
     pub fn forward(&mut self, owner: NodeIdx, checks: Vec<ForwardCheck>, now: Millis) -> ForwardId {
         let deadline = now + self.cfg.forward_timeout;
-        let id = self.forwards.open(owner, &checks, deadline);
+        let id = self.forwards.open(owner, &checks, now, deadline);
         if owner == self.cfg.me || usize::from(owner.0) >= self.cfg.replicas.len() {
             // Nobody to send it to: it fails at its deadline.
             return id;

@@ -210,9 +210,26 @@ impl Cluster {
                         self.refused += 1;
                         self.events.push_back(Event::ForwardFailed { id });
                     }
-                    Answer::Late(back) => {
-                        // Decided here already: what the owner admitted too goes back. The
-                        // refunds' own answer is waited for by nobody.
+                    Answer::Late(late) => {
+                        // Decided here already: what the owner admitted too goes back, where
+                        // a refund cannot free a right its window never gave. The refunds'
+                        // own answer is waited for by nobody.
+                        let back: Vec<ForwardCheck> = late
+                            .refunds
+                            .iter()
+                            .filter(|(i, c)| {
+                                let reset = decisions
+                                    .get(*i)
+                                    .copied()
+                                    .flatten()
+                                    .map_or(0, |d| d.reset_after_ms);
+                                let algorithm =
+                                    store.algorithm_of(&c.rule, c.class.as_deref(), now);
+                                late.safe(algorithm.as_ref(), reset, now)
+                            })
+                            .map(|(_, c)| c.clone())
+                            .collect();
+                        self.withheld_late += (late.refunds.len() - back.len()) as u64;
                         if !back.is_empty() {
                             self.given_back_late += back.len() as u64;
                             self.forward(from, back, now);

@@ -86,6 +86,32 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Whether a refund that gives back an admission nobody was told of (a forwarded check
+    /// whose owner answered after the forwarder had decided it alone) takes back only what
+    /// that admission took, if the owner applies it at most `after_ms` after the check was
+    /// asked for; `reset_after_ms` is what the admission answered.
+    ///
+    /// A bucket's refund raises the level it lowered, capped at the bucket: never fuller than
+    /// had the admission not happened, whenever it comes. A window's refund draws from the
+    /// window it arrives in: an admission of an earlier window given back there frees a right
+    /// the later window never granted, and that window admits more than its limit. So a
+    /// fixed window or a quota is given back only while the admission's window surely still
+    /// runs: it ends `reset_after_ms` after the decision, which came after the ask (a
+    /// difference of one clock, the owner's: the nodes' skew plays no part). A sliding
+    /// window's current epoch ends a window before the `reset_after_ms` of an admission in
+    /// it. A sliding log's refund removes the newest of the node's entries, not the one
+    /// admitted: never given back.
+    pub fn late_refund_is_safe(&self, reset_after_ms: u64, after_ms: u64) -> bool {
+        match *self {
+            Algorithm::TokenBucket { .. } => true,
+            Algorithm::FixedWindow { .. } | Algorithm::Quota { .. } => reset_after_ms > after_ms,
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                reset_after_ms.saturating_sub(window_ms) > after_ms
+            }
+            Algorithm::SlidingLog { .. } => false,
+        }
+    }
+
     /// The global limit: tokens per window, or the bucket's capacity.
     #[inline]
     pub fn capacity(&self) -> u64 {

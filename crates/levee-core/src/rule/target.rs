@@ -79,6 +79,13 @@ impl<'r> Target<'r> {
 }
 
 impl Rule {
+    /// The algorithm a check of `class` is decided by (a separate class's own bucket's, else
+    /// the rule's; a key's override changes its figures, never its algorithm), or `None` for a
+    /// class the rule does not have.
+    pub fn algorithm_of(&self, class: Option<&str>) -> Option<Algorithm> {
+        self.target(class, 0).ok().map(|t| *t.algorithm)
+    }
+
     /// Resolves the bucket a request of `class` draws from and checks that `cost` can ever be
     /// granted by it. A cost above the capacity is the caller's error, not a silent deny.
     pub fn target(&self, class: Option<&str>, cost: u64) -> Result<Target<'_>, CheckError> {

@@ -263,13 +263,47 @@ impl Limiter {
 
     /// Gives tokens back; `acting_alone` as in [`Limiter::check_with`].
     pub fn refund_with(&self, req: CheckRef<'_>, acting_alone: bool) -> Result<Outcome, ApiError> {
+        self.refund_guarded(req, acting_alone, None)
+            .map(|out| out.expect("an unguarded refund is always made"))
+    }
+
+    /// Gives back a reservation made here that nobody used (an atomic call denied by another
+    /// owner), asked for at `asked` and answered `reset_after_ms`, if a refund now cannot
+    /// free a right its window never gave ([`levee_core::Algorithm::late_refund_is_safe`]:
+    /// a window's refund draws from the window it arrives in). `Ok(None)`: withheld, the
+    /// reservation stays counted.
+    pub fn release_with(
+        &self,
+        req: CheckRef<'_>,
+        acting_alone: bool,
+        asked: Millis,
+        reset_after_ms: u64,
+    ) -> Result<Option<Outcome>, ApiError> {
+        self.refund_guarded(req, acting_alone, Some((asked, reset_after_ms)))
+    }
+
+    /// A refund, made only if `guard` (when asked, what it answered) says it is safe now.
+    fn refund_guarded(
+        &self,
+        req: CheckRef<'_>,
+        acting_alone: bool,
+        guard: Option<(Millis, u64)>,
+    ) -> Result<Option<Outcome>, ApiError> {
         let rules = self.rules.load();
         let overrides = self.overrides.load();
         let now = self.clock.now_ms();
         let r = rules.resolve_check(&overrides, now, req)?;
+        if let Some((asked, reset_after_ms)) = guard
+            && !r
+                .target
+                .algorithm
+                .late_refund_is_safe(reset_after_ms, now.saturating_sub(asked))
+        {
+            return Ok(None);
+        }
         if let Some(list) = r.list {
             // A listed key was not counted: nothing to give back.
-            return Ok(outcome(&r, r.listed(list), None, now));
+            return Ok(Some(outcome(&r, r.listed(list), None, now)));
         }
         let ctx = self.ctx_alone(&rules, now, acting_alone);
         let id = r.id(req.key);
@@ -282,7 +316,7 @@ impl Limiter {
         };
         let Some(k) = req.idempotency_key else {
             let (d, local) = refund();
-            return Ok(outcome(&r, d, Some(local), now));
+            return Ok(Some(outcome(&r, d, Some(local), now)));
         };
         // Remembered in a space of its own: the key's identity followed by 0xfd (never in a
         // key's UTF-8 bytes; an `all` call's identities use 0xfe), so that the check that took
@@ -302,7 +336,7 @@ impl Limiter {
             self.metrics.replays.increment(1);
         }
         match cached {
-            Cached::Refund(d, local) => Ok(outcome(&r, d, Some(local), now)),
+            Cached::Refund(d, local) => Ok(Some(outcome(&r, d, Some(local), now))),
             Cached::One(..) | Cached::All(..) => Err(ApiError::invalid(
                 "idempotency_key: already used for a check",
             )),

@@ -288,4 +288,38 @@ mod tests {
         // Bound to the same list again: nothing new waits.
         assert_eq!(l.rebind([grown]), Vec::new());
     }
+
+    /// A reservation released here (an atomic call denied at another owner) is given back
+    /// while its window runs, and withheld, nothing changed, when the window it was taken in
+    /// may have ended: a refund would then free a right of the window after.
+    #[test]
+    fn a_release_is_withheld_when_the_reservations_window_may_have_ended() {
+        use crate::limiter::CheckRef;
+        let l = Limiter::new(&config("eu = 1, us = 1"), Clock::default());
+        let req = CheckRef {
+            rule: "daily",
+            key: "k",
+            cost: 3,
+            class: None,
+            idempotency_key: None,
+            dry_run: false,
+        };
+        let used = || l.usage("daily", "k", None).expect("usage").usage.used;
+        let taken = l.check(req).expect("check").decision;
+        assert!(taken.allowed);
+        assert_eq!(used(), 3);
+        // Asked for two days ago, answered with the end of a window: surely over now.
+        let now = l.clock.now_ms();
+        let stale = l
+            .release_with(req, false, now - 2 * DAY_MS, taken.reset_after_ms)
+            .expect("release");
+        assert!(stale.is_none(), "{stale:?}");
+        assert_eq!(used(), 3, "nothing was given back");
+        // Asked for just now, in a day's window: given back.
+        let back = l
+            .release_with(req, false, now, taken.reset_after_ms)
+            .expect("release");
+        assert!(back.is_some());
+        assert_eq!(used(), 0);
+    }
 }

@@ -45,14 +45,14 @@ pub(super) async fn run_timer<H: ClusterHost>(
                     c.peers_status(now),
                     c.refused(),
                     c.rights_given(),
-                    c.given_back_late(),
+                    (c.given_back_late(), c.withheld_late()),
                 )
             });
             (out, events, peers)
         };
         repl.send_all(out);
         repl.dispatch(&host, events);
-        let Some((peers, refused, given, given_back_late)) = peers else {
+        let Some((peers, refused, given, (given_back_late, withheld_late))) = peers else {
             continue;
         };
         next_status = now + 100;
@@ -61,6 +61,7 @@ pub(super) async fn run_timer<H: ClusterHost>(
         metrics::counter!("levee_replication_refused_total").absolute(refused);
         metrics::counter!("levee_rights_moved_total").absolute(given);
         metrics::counter!("levee_forward_late_given_back_total").absolute(given_back_late);
+        metrics::counter!("levee_forward_late_withheld_total").absolute(withheld_late);
         crate::activity::set_rights_moved(given);
         for p in peers {
             let peer = repl.id_of(p.node).to_owned();

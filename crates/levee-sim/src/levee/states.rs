@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use levee_cluster::{Fingerprints, KeyStates, Refused, key_fingerprint};
 use levee_core::{
-    ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, MergeError, Millis, NodeIdx, ReplicaSet,
-    Rule, RuleMode, Target,
+    Algorithm, ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, MergeError, Millis, NodeIdx,
+    ReplicaSet, Rule, RuleMode, Target,
 };
 use levee_proto::{decode_id, encode_id};
 
@@ -489,6 +489,11 @@ impl KeyStates for SimStates {
 
     fn get(&self, id: &[u8]) -> Option<KeyCrdt> {
         self.keys.get(id).map(|s| s.crdt().clone())
+    }
+
+    fn algorithm_of(&self, rule: &str, class: Option<&str>, now: Millis) -> Option<Algorithm> {
+        let b = self.rules.iter().find(|b| b.base.name == rule)?;
+        b.at(now).algorithm_of(class)
     }
 
     fn activate_all(&mut self) {
