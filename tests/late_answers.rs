@@ -60,3 +60,45 @@ fn an_owners_late_admission_is_given_back_and_usage_counts_what_callers_were_tol
     assert!(came_back, "no late answer was given back");
     assert_eq!(given_back(), 1.0, "exactly the one late admission");
 }
+
+/// The same stall on a one-second window: the owner's late admission is not given back. Its
+/// window ends within a second of the decision, before a refund could be sure to land in it,
+/// and a refund in the next window would free a right that window never gave (the strict
+/// over-admission found under overload on 2026-12-02). It stays counted, in
+/// `levee_forward_late_withheld_total`, and nothing is given back.
+#[test]
+fn an_owners_late_admission_in_a_short_window_is_withheld_not_given_back() {
+    let c = LocalClusterHandle::start_spec(&["eu"], 2, |_| {});
+    let (rule, key) = ("per-second", "late-answer-short");
+    let (owner, _, mate) = c.owner_in_eu(rule, key);
+    let given_back = || metric_sum(&c, mate, "levee_forward_late_given_back_total");
+    let withheld = || metric_sum(&c, mate, "levee_forward_late_withheld_total");
+    let (given_before, withheld_before) = (given_back(), withheld());
+
+    c.sigstop(owner);
+    let asked = std::time::Instant::now();
+    let reply = c.check(mate, rule, key);
+    std::thread::sleep(Duration::from_millis(800).saturating_sub(asked.elapsed()));
+    c.sigcont(owner);
+    assert_eq!(
+        reply.json["degraded"].as_bool(),
+        Some(true),
+        "the mate decided alone after the owner's silence: {}",
+        reply.body
+    );
+    let came = wait_until(Duration::from_secs(5), || {
+        withheld() - withheld_before >= 1.0
+    });
+    eprintln!(
+        "withheld {}, given back {}",
+        withheld() - withheld_before,
+        given_back() - given_before
+    );
+    assert!(came, "the owner's late admission was not withheld");
+    assert_eq!(
+        withheld() - withheld_before,
+        1.0,
+        "exactly the one late admission"
+    );
+    assert_eq!(given_back() - given_before, 0.0, "nothing was given back");
+}
