@@ -13,7 +13,7 @@ mod harness;
 use std::time::Duration;
 
 use harness::*;
-use levee_blackbox::{avoid_window_edge, wait_until};
+use levee_blackbox::{Reply, avoid_window_edge, wait_until};
 
 /// The owner of a day quota's key is stopped (SIGSTOP) for 800 ms — past `forward_timeout`
 /// (500 ms), short of the transport's redial — while its region-mate is asked a check. The mate
@@ -33,18 +33,7 @@ fn an_owners_late_admission_is_given_back_and_usage_counts_what_callers_were_tol
     c.wait_agreement(&both, rule, key, Duration::from_secs(3), |v| v.used == 5);
     let given_back_before = metric_sum(&c, mate, "levee_forward_late_given_back_total");
 
-    c.sigstop(owner);
-    let asked = std::time::Instant::now();
-    let reply = c.check(mate, rule, key);
-    let waited = asked.elapsed();
-    std::thread::sleep(Duration::from_millis(800).saturating_sub(asked.elapsed()));
-    c.sigcont(owner);
-    assert_eq!(
-        reply.json["degraded"].as_bool(),
-        Some(true),
-        "the mate decided alone after the owner's silence: {}",
-        reply.body
-    );
+    let (reply, waited) = ask_while_the_owner_stalls(&c, owner, mate, rule, key);
     let told = 5 + u64::from(reply.allowed());
 
     // The woken owner decides the queued check; its admission goes back to it.
@@ -75,17 +64,7 @@ fn an_owners_late_admission_in_a_short_window_is_withheld_not_given_back() {
     let withheld = || metric_sum(&c, mate, "levee_forward_late_withheld_total");
     let (given_before, withheld_before) = (given_back(), withheld());
 
-    c.sigstop(owner);
-    let asked = std::time::Instant::now();
-    let reply = c.check(mate, rule, key);
-    std::thread::sleep(Duration::from_millis(800).saturating_sub(asked.elapsed()));
-    c.sigcont(owner);
-    assert_eq!(
-        reply.json["degraded"].as_bool(),
-        Some(true),
-        "the mate decided alone after the owner's silence: {}",
-        reply.body
-    );
+    ask_while_the_owner_stalls(&c, owner, mate, rule, key);
     let came = wait_until(Duration::from_secs(5), || {
         withheld() - withheld_before >= 1.0
     });
@@ -101,4 +80,29 @@ fn an_owners_late_admission_in_a_short_window_is_withheld_not_given_back() {
         "exactly the one late admission"
     );
     assert_eq!(given_back() - given_before, 0.0, "nothing was given back");
+}
+
+/// Stops `owner` (SIGSTOP) for 800 ms — past `forward_timeout` (500 ms), short of the
+/// transport's redial — while `mate` is asked a check of `rule`/`key`: asserts the mate
+/// decided it alone; returns its reply and how long it took.
+fn ask_while_the_owner_stalls(
+    c: &LocalClusterHandle,
+    owner: usize,
+    mate: usize,
+    rule: &str,
+    key: &str,
+) -> (Reply, Duration) {
+    c.sigstop(owner);
+    let asked = std::time::Instant::now();
+    let reply = c.check(mate, rule, key);
+    let waited = asked.elapsed();
+    std::thread::sleep(Duration::from_millis(800).saturating_sub(asked.elapsed()));
+    c.sigcont(owner);
+    assert_eq!(
+        reply.json["degraded"].as_bool(),
+        Some(true),
+        "the mate decided alone after the owner's silence: {}",
+        reply.body
+    );
+    (reply, waited)
 }
