@@ -64,7 +64,7 @@ pub(crate) enum Answer {
     Malformed,
     /// From the owner after the batch timed out (it was decided here): these refunds, each
     /// with its check's position in the batch, would give the owner back what it admitted
-    /// (the caller keeps those whose refund is safe, [`GiveBack::safe`]).
+    /// (the caller keeps those whose refund is safe, [`give_back_is_safe`]).
     Late(GiveBack),
     /// Not waited for (from another node, or forgotten): ignored.
     Unexpected,
@@ -92,19 +92,20 @@ pub(crate) struct GiveBack {
     pub(crate) refunds: Vec<(usize, ForwardCheck)>,
 }
 
-impl GiveBack {
-    /// Whether the refund of a check admitted with `reset_after_ms`, under `algorithm`, can
-    /// be sent `now` without ever admitting more than the limit: applied by the owner within
-    /// [`GIVE_BACK_MARGIN_MS`], it takes back only what the admission took.
-    pub(crate) fn safe(
-        &self,
-        algorithm: Option<&levee_core::Algorithm>,
-        reset_after_ms: u64,
-        now: Millis,
-    ) -> bool {
-        let after = now.saturating_sub(self.asked) + GIVE_BACK_MARGIN_MS;
-        algorithm.is_some_and(|a| a.late_refund_is_safe(reset_after_ms, after))
-    }
+/// Whether the refund of a check asked for at `asked`, admitted under `algorithm` with
+/// `reset_after_ms`, can be sent to its owner `now` without ever admitting more than the
+/// limit: applied there within [`GIVE_BACK_MARGIN_MS`], it takes back only what the
+/// admission took ([`levee_core::Algorithm::late_refund_is_safe`]). An unknown algorithm
+/// (`None`) is never given back. A late answer's give-back and an atomic call's release at
+/// another owner are both weighed by it.
+pub fn give_back_is_safe(
+    algorithm: Option<&levee_core::Algorithm>,
+    reset_after_ms: u64,
+    asked: Millis,
+    now: Millis,
+) -> bool {
+    let after = now.saturating_sub(asked) + GIVE_BACK_MARGIN_MS;
+    algorithm.is_some_and(|a| a.late_refund_is_safe(reset_after_ms, after))
 }
 
 impl PendingForwards {
@@ -318,10 +319,7 @@ mod tests {
     #[test]
     fn a_give_back_is_safe_only_while_the_admissions_window_outlasts_it() {
         use levee_core::Algorithm;
-        let back = GiveBack {
-            asked: 1_000,
-            refunds: Vec::new(),
-        };
+        let asked = 1_000;
         let window = Algorithm::FixedWindow {
             limit: 10,
             window_ms: 3_600_000,
@@ -329,27 +327,37 @@ mod tests {
         // Answered at 1 600: the refund lands by 1 600 + the margin, 600 + the margin after
         // the ask; the window ended no earlier than `reset_after_ms` after the ask.
         let needed = 600 + GIVE_BACK_MARGIN_MS;
-        assert!(back.safe(Some(&window), needed + 1, 1_600));
-        assert!(!back.safe(Some(&window), needed, 1_600));
-        assert!(!back.safe(Some(&window), 100, 1_600));
+        assert!(give_back_is_safe(Some(&window), needed + 1, asked, 1_600));
+        assert!(!give_back_is_safe(Some(&window), needed, asked, 1_600));
+        assert!(!give_back_is_safe(Some(&window), 100, asked, 1_600));
         let sliding = Algorithm::SlidingWindow {
             limit: 10,
             window_ms: 60_000,
         };
-        assert!(back.safe(Some(&sliding), 60_000 + needed + 1, 1_600));
-        assert!(!back.safe(Some(&sliding), 60_000 + needed, 1_600));
+        assert!(give_back_is_safe(
+            Some(&sliding),
+            60_000 + needed + 1,
+            asked,
+            1_600
+        ));
+        assert!(!give_back_is_safe(
+            Some(&sliding),
+            60_000 + needed,
+            asked,
+            1_600
+        ));
         let bucket = Algorithm::TokenBucket {
             rate: 1,
             per_ms: 1_000,
             burst: 5,
             shaping: None,
         };
-        assert!(back.safe(Some(&bucket), 0, 1_000_000));
+        assert!(give_back_is_safe(Some(&bucket), 0, asked, 1_000_000));
         let log = Algorithm::SlidingLog {
             limit: 10,
             window_ms: 3_600_000,
         };
-        assert!(!back.safe(Some(&log), 3_600_000, 1_600));
-        assert!(!back.safe(None, u64::MAX, 1_600));
+        assert!(!give_back_is_safe(Some(&log), 3_600_000, asked, 1_600));
+        assert!(!give_back_is_safe(None, u64::MAX, asked, 1_600));
     }
 }

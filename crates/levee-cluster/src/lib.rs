@@ -83,7 +83,7 @@ pub use digest::{
     key_fingerprint, key_hash,
 };
 pub use event::{Event, ForwardId};
-pub use forward::GIVE_BACK_MARGIN_MS;
+pub use forward::{GIVE_BACK_MARGIN_MS, give_back_is_safe};
 pub use lists::{Lists, MAX_UNAGREED, PeerState, Report};
 pub use machine::{
     Cluster, ClusterConfig, MAX_IN_FLIGHT_FRACTION, MAX_KEYS_BEHIND, MAX_REPAIR_BUCKETS,

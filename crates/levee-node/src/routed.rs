@@ -247,15 +247,9 @@ impl App {
             DecidedAt::Owner(owner) => {
                 let repl = self.replication.as_ref()?;
                 let now = self.limiter.clock.now_ms();
-                let after = now.saturating_sub(asked) + levee_cluster::GIVE_BACK_MARGIN_MS;
-                let safe = self
-                    .limiter
-                    .rules()
-                    .by_name
-                    .get(req.rule)
-                    .and_then(|e| e.rule_at(now).algorithm_of(req.class))
-                    .is_some_and(|a| a.late_refund_is_safe(reset_after_ms, after));
-                if !safe {
+                let algorithm = self.limiter.rules().algorithm_of(req.rule, req.class, now);
+                if !levee_cluster::give_back_is_safe(algorithm.as_ref(), reset_after_ms, asked, now)
+                {
                     return withheld();
                 }
                 match repl.forward(owner, forward_check(req, true), now).await {

@@ -227,11 +227,7 @@ impl KeyStates for NodeStates<'_> {
     }
 
     fn algorithm_of(&self, rule: &str, class: Option<&str>, now: Millis) -> Option<Algorithm> {
-        self.rules
-            .by_name
-            .get(rule)?
-            .rule_at(now)
-            .algorithm_of(class)
+        self.rules.algorithm_of(rule, class, now)
     }
 
     fn activate_all(&mut self) {

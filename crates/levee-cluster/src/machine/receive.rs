@@ -9,7 +9,7 @@ use levee_proto::{DeltaBatch, ForwardCheck, KeyEntry, MAX_FORWARD_CHECKS, MAX_ID
 use super::{Cluster, MAX_REPAIR_BUCKETS, Topology};
 use crate::digest::{bucket_of, digest_message, well_formed};
 use crate::event::Event;
-use crate::forward::Answer;
+use crate::forward::{Answer, give_back_is_safe};
 use crate::peer::{MAX_KEYS_PER_MESSAGE, batch};
 use crate::store::KeyStates;
 
@@ -225,7 +225,7 @@ impl Cluster {
                                     .map_or(0, |d| d.reset_after_ms);
                                 let algorithm =
                                     store.algorithm_of(&c.rule, c.class.as_deref(), now);
-                                late.safe(algorithm.as_ref(), reset, now)
+                                give_back_is_safe(algorithm.as_ref(), reset, late.asked, now)
                             })
                             .map(|(_, c)| c.clone())
                             .collect();

@@ -60,6 +60,17 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
+    /// The algorithm `rule`'s checks of `class` are decided by at `now`, if both are known
+    /// ([`levee_core::Rule::algorithm_of`]): what a give-back or a release is weighed by.
+    pub fn algorithm_of(
+        &self,
+        rule: &str,
+        class: Option<&str>,
+        now: Millis,
+    ) -> Option<levee_core::Algorithm> {
+        self.by_name.get(rule)?.rule_at(now).algorithm_of(class)
+    }
+
     /// Builds the rule set of a configuration.
     pub fn from_config(config: &Config) -> RuleSet {
         let ordered: Vec<Arc<RuleEntry>> = config
