@@ -1,7 +1,7 @@
 //! Tests of the frame codec (`frame.rs`): every message round-trips, other versions and
 //! oversized or truncated frames are refused, version 2 encodes and decodes as it did.
 use super::*;
-use crate::message::{KEYS_DEFLATE, WireBatch};
+use crate::message::{DEFLATE_LEVEL, KEYS_DEFLATE, WireBatch, deflate};
 use crate::*;
 use levee_core::KeyCrdt;
 use levee_core::NodeIdx;
@@ -498,5 +498,26 @@ proptest::proptest! {
         framed.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         framed.extend_from_slice(&bytes);
         let _ = decode_frame(&framed);
+    }
+}
+
+proptest::proptest! {
+    /// The thread's kept compressor deflates every block exactly as a fresh one does, whatever
+    /// it deflated before: blocks of repeated runs (as batches are) and of random bytes, one
+    /// after another on the same thread.
+    #[test]
+    fn the_kept_compressor_deflates_as_a_fresh_one(
+        blocks in proptest::collection::vec(
+            (proptest::collection::vec(proptest::num::u8::ANY, 0..64), 0usize..400),
+            1..6,
+        )
+    ) {
+        for (unit, repeats) in blocks {
+            let raw: Vec<u8> = unit.iter().copied().cycle().take(unit.len() * repeats).collect();
+            proptest::prop_assert_eq!(
+                deflate(&raw),
+                miniz_oxide::deflate::compress_to_vec(&raw, DEFLATE_LEVEL)
+            );
+        }
     }
 }

@@ -142,7 +142,7 @@ pub(crate) const KEYS_DEFLATE: u8 = 1;
 /// Blocks shorter than this are sent as they are.
 const DEFLATE_FROM_BYTES: usize = 64;
 /// Deflate level: the fastest; a batch's redundancy is in long repeats it finds anyway.
-const DEFLATE_LEVEL: u8 = 1;
+pub(crate) const DEFLATE_LEVEL: u8 = 1;
 
 /// A [`DeltaBatch`] as it travels.
 #[derive(Serialize, Deserialize)]
@@ -192,12 +192,61 @@ pub(crate) fn pack_keys(keys: &[KeyEntry]) -> (u8, u32, Vec<u8>) {
     let raw = bincode::serde::encode_to_vec(keys, config()).unwrap_or_default();
     let raw_len = raw.len() as u32;
     if raw.len() >= DEFLATE_FROM_BYTES {
-        let packed = miniz_oxide::deflate::compress_to_vec(&raw, DEFLATE_LEVEL);
+        let packed = deflate(&raw);
         if packed.len() < raw.len() {
             return (KEYS_DEFLATE, raw_len, packed);
         }
     }
     (KEYS_PLAIN, raw_len, raw)
+}
+
+/// `raw` deflated (raw deflate, no zlib header), as `miniz_oxide::deflate::compress_to_vec` at
+/// [`DEFLATE_LEVEL`] makes it, byte for byte, but with the thread's compressor kept between
+/// batches. A new compressor is ~300 KB (its dictionary and hash chains), allocated zeroed for
+/// every batch: the allocation came fresh from the kernel each time, page by page, and cost
+/// more than deflating a 20 ms batch of a few hundred keys (docs/benchmarks.md, 2026-12-03).
+pub(crate) fn deflate(raw: &[u8]) -> Vec<u8> {
+    use miniz_oxide::deflate::core::{
+        CompressorOxide, TDEFLFlush, TDEFLStatus, compress, create_comp_flags_from_zip_params,
+    };
+    thread_local! {
+        static COMPRESSOR: std::cell::RefCell<Option<CompressorOxide>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    COMPRESSOR.with_borrow_mut(|slot| {
+        let c = slot.get_or_insert_with(|| {
+            CompressorOxide::new(create_comp_flags_from_zip_params(
+                DEFLATE_LEVEL.into(),
+                0,
+                0,
+            ))
+        });
+        c.reset();
+        let mut out = vec![0; (raw.len() / 2).max(2)];
+        let (mut input, mut at) = (raw, 0);
+        loop {
+            let (status, read, wrote) = compress(c, input, &mut out[at..], TDEFLFlush::Finish);
+            at += wrote;
+            match status {
+                TDEFLStatus::Done => {
+                    out.truncate(at);
+                    return out;
+                }
+                TDEFLStatus::Okay if read <= input.len() => {
+                    input = &input[read..];
+                    if out.len() - at < 30 {
+                        out.resize(out.len() * 2, 0);
+                    }
+                }
+                // A compressor fed from memory into memory fails only by a bug of its own:
+                // start again with a fresh one (what `compress_to_vec` would have used).
+                _ => {
+                    *slot = None;
+                    return miniz_oxide::deflate::compress_to_vec(raw, DEFLATE_LEVEL);
+                }
+            }
+        }
+    })
 }
 
 /// The keys of a block [`pack_keys`] made, inflating at most its announced length.
