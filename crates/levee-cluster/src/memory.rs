@@ -76,15 +76,14 @@ impl MemoryStates {
             replicas: &self.replicas,
             view,
         };
-        let d = self.keys.entry(id.clone()).or_default().decide(
-            &target,
-            RuleMode::Enforce,
-            cost,
-            false,
-            &ctx,
-        );
-        self.dirty.insert(id.clone());
-        self.active.insert(id);
+        let state = self.keys.entry(id.clone()).or_default();
+        let d = state.decide(&target, RuleMode::Enforce, cost, false, &ctx);
+        // A decision that wrote nothing a peer needs lists nothing, as a node's store does
+        // (`KeyState::take_quiet`).
+        if !state.take_quiet() {
+            self.dirty.insert(id.clone());
+            self.active.insert(id);
+        }
         Some(d)
     }
 

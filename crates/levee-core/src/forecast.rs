@@ -59,6 +59,11 @@ impl Forecast {
         }
     }
 
+    /// When the last sample was taken (or the clock started).
+    pub fn sampled_at(&self) -> Millis {
+        self.last_at
+    }
+
     /// Takes a sample at time `now` of the `requested` tokens (admitted or not) since the last
     /// one; `epoch_ms` is the rule's window (or period) length, which sets the memory. Returns
     /// whether the sample was taken (the caller then starts counting from zero); it is not

@@ -67,13 +67,18 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
     seen
 }
 
-/// A token bucket far above its demand (75 a second against 1,000,000): node 0 changes the
-/// key at every interval, and the other region merges every change, but its rebalancing has
-/// nothing to act on after the first forecast.
+/// A token bucket far above its demand (75 a second against 1,000,000): node 0 decides at
+/// three intervals in four, but its bucket stays full, so after its first forecast its
+/// decisions write nothing its peers need (`state/quiet.rs`): it sends a handful of deltas in
+/// 10 s, not one an interval, and of what the other region merges nothing moves rights.
 #[test]
 fn a_token_bucket_used_far_below_its_holdings_moves_no_rights_at_its_peers() {
     let seen = noisy_owner(RuleSpec::token_bucket("r", 1_000_000, 1_000, 1_000_000), 10);
-    assert!(seen.deltas >= 370, "{} deltas", seen.deltas);
+    assert!(
+        (1..=10).contains(&seen.deltas),
+        "{} deltas in 10 s (a full bucket's decisions are not sent)",
+        seen.deltas
+    );
     assert!(
         seen.demand_writes <= 5 && seen.moving_merges <= 5,
         "{} of {} deltas carried the owner's forecast, {} merges moved rights",

@@ -189,21 +189,33 @@ impl Store {
         self.evictions_live.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on the key's state, creating it (and evicting if needed) when missing.
+    /// Runs `f` on the key's state, creating it (and evicting if needed) when missing, and
+    /// lists the key as changed unless `f` was a decision that changed nothing another node
+    /// reads ([`KeyState::take_quiet`]).
     #[inline]
     pub fn with<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
         if let Some(entry) = self.map.get(id) {
             let e = &entry.key().0;
             let mut s = e.lock();
             let r = f(&mut s.state);
-            self.note(e, &mut s);
+            self.note_unless_quiet(e, &mut s);
             return r;
         }
         let entry = self.slot(id);
         let mut s = entry.lock();
         let r = f(&mut s.state);
-        self.note(&entry, &mut s);
+        self.note_unless_quiet(&entry, &mut s);
         r
+    }
+
+    /// Lists a key as changed after an operation on its state, unless the operation was a
+    /// decision taken from tokens the node had already counted as used (`KeyState::take_quiet`:
+    /// its delta is empty, and its rebalancing waits for its next listing).
+    #[inline]
+    fn note_unless_quiet(&self, entry: &SlotRef, slot: &mut Slot) {
+        if !slot.state.take_quiet() {
+            self.note(entry, slot);
+        }
     }
 
     /// Runs `f` on the key's state if the key is held, else on a fresh state that is then
@@ -215,7 +227,7 @@ impl Store {
             let e = &entry.key().0;
             let mut s = e.lock();
             let r = f(&mut s.state);
-            self.note(e, &mut s);
+            self.note_unless_quiet(e, &mut s);
             return r;
         }
         f(&mut KeyState::new())

@@ -24,7 +24,7 @@ impl KeyState {
     ) -> Decision {
         let ev = self.evaluate(target, cost, ctx);
         if !dry_run && cost > 0 {
-            self.commit(target, cost, ev.would_allow, &ev, ctx);
+            self.commit(target, cost, ev.would_allow, &ev, ctx, true);
         } else if cost > 0 && asks_rights(&ev, target.algorithm, ctx.now) {
             // A look again while this node's ask is out (a check waiting for rights,
             // `max_wait_ms`, is looked at again as a dry run whenever a peer's state arrives):
@@ -53,7 +53,7 @@ impl KeyState {
             self.count_requested(cost, target.algorithm.rights_per_epoch());
             return None;
         }
-        self.commit(target, cost, true, &ev, ctx);
+        self.commit(target, cost, true, &ev, ctx, false);
         Some(decision_of(
             target.algorithm,
             mode,
@@ -137,7 +137,7 @@ impl KeyState {
 
     /// Commits an evaluated check of `cost`: counts the request, records the claims the
     /// evaluation raised and, if `admitted`, takes the cost (from the epoch's tally, the
-    /// sub-bucket).
+    /// sub-bucket; with `quiet_ok`, from tokens held aside where there are, `reserve.rs`).
     fn commit(
         &mut self,
         target: &Target<'_>,
@@ -145,9 +145,11 @@ impl KeyState {
         admitted: bool,
         ev: &Evaluation,
         ctx: &DecideCtx<'_>,
+        quiet_ok: bool,
     ) {
         let algo = target.algorithm;
         let now = ctx.now;
+        self.quiet = false;
         // A token bucket's replicated state is its level register; only windows count per
         // epoch. A sliding log records admissions only, in the slot of this millisecond (a
         // denial leaves no entry: a flood of denials costs no memory).
@@ -169,11 +171,27 @@ impl KeyState {
         }
         self.count_requested(cost, algo.rights_per_epoch());
         // A decision that finds this node short asks (in a long window).
-        if asks_rights(ev, algo, now) {
+        let asked = asks_rights(ev, algo, now);
+        if asked {
             self.ask_rights(cost, algo.capacity(), now);
         }
         if admitted && let Algorithm::TokenBucket { .. } = algo {
-            self.set_level(ctx.me, ev.level_nt - i128::from(cost) * NANO, now);
+            let after = ev.level_nt - i128::from(cost) * NANO;
+            // Near full, the write stays here (`quiet.rs`), unless something else of the key
+            // is to be sent anyway.
+            let quiet = quiet_ok
+                && !asked
+                && !self.pending.any()
+                && super::quiet::near_full(after, ev.bucket_units);
+            let sampled = self.demand_book.as_deref().map(|b| b.forecast.sampled_at());
+            let pending = self.pending;
+            self.set_level(ctx.me, after, now);
+            if quiet && let Some(sampled) = sampled {
+                // The write is not sent; the key is listed (rebalanced, its forecast
+                // sampled) at most once per `QUIET_SAMPLE_MS`.
+                self.pending = pending;
+                self.quiet = now.saturating_sub(sampled) < super::quiet::QUIET_SAMPLE_MS;
+            }
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(now, window_ms, limit);
@@ -226,7 +244,7 @@ pub fn decide_all(
         .all(|((_, _, mode), ev)| ev.would_allow || *mode == RuleMode::Shadow);
     if !dry_run && cost > 0 {
         for ((state, target, _), ev) in checks.iter_mut().zip(&evals) {
-            state.commit(target, cost, allowed && ev.would_allow, ev, ctx);
+            state.commit(target, cost, allowed && ev.would_allow, ev, ctx, false);
         }
     }
     let results: Vec<Decision> = checks

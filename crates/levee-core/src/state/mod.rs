@@ -57,6 +57,7 @@ mod delta;
 mod evaluate;
 mod key_state;
 mod log;
+mod quiet;
 mod rebalance;
 mod usage;
 

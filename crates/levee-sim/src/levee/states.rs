@@ -223,14 +223,13 @@ impl SimStates {
             d.remaining = state.usage(&target, &ctx).remaining;
             return Some(d);
         }
-        let d = self.keys.entry(id.clone()).or_default().decide(
-            &target,
-            RuleMode::Enforce,
-            cost,
-            false,
-            &ctx,
-        );
-        self.touched(id);
+        let state = self.keys.entry(id.clone()).or_default();
+        let d = state.decide(&target, RuleMode::Enforce, cost, false, &ctx);
+        // A decision that wrote nothing a peer needs lists nothing, as a node's store does
+        // (`KeyState::take_quiet`).
+        if !state.take_quiet() {
+            self.touched(id);
+        }
         Some(d)
     }
 
