@@ -179,19 +179,15 @@ impl KeyState {
             let after = ev.level_nt - i128::from(cost) * NANO;
             // Near full, the write stays here (`quiet.rs`), unless something else of the key
             // is to be sent anyway.
-            let quiet = quiet_ok
-                && !asked
-                && !self.pending.any()
-                && super::quiet::near_full(after, ev.bucket_units);
-            let sampled = self.demand_book.as_deref().map(|b| b.forecast.sampled_at());
-            let pending = self.pending;
             self.set_level(ctx.me, after, now);
-            if quiet && let Some(sampled) = sampled {
-                // The write is not sent; the key is listed (rebalanced, its forecast
-                // sampled) at most once per `QUIET_SAMPLE_MS`.
-                self.pending = pending;
-                self.quiet = now.saturating_sub(sampled) < super::quiet::QUIET_SAMPLE_MS;
-            }
+            // Near full, the key is not listed for the write (`quiet.rs`): the write goes
+            // with the key's next listing, at the latest once its forecast is due a sample.
+            self.quiet = quiet_ok
+                && !asked
+                && super::quiet::near_full(after, ev.bucket_units)
+                && self.demand_book.as_deref().is_some_and(|b| {
+                    now.saturating_sub(b.forecast.sampled_at()) < super::quiet::QUIET_SAMPLE_MS
+                });
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(now, window_ms, limit);

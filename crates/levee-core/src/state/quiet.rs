@@ -1,44 +1,46 @@
-//! A token bucket near full, spent without a write every node merges.
+//! A token bucket near full, spent without listing the key at every decision.
 //!
-//! Every decision of a token bucket lowers the deciding node's level register, and every
-//! register written is sent to every peer and merged there at the next gossip interval: a key
-//! used once a second costs the whole cluster a merge per decision (issue #18, figure 9 of
-//! docs/benchmarks.md), however far it is from its limit. But while a node's sub-bucket stays
-//! within a 64th of its capacity of full, what its peers would learn from the write changes
-//! nothing they decide: no node admits from another's sub-bucket, and the escrow gives from a
-//! node's own register, which the node itself keeps exact.
+//! Every decision of a token bucket lowers the deciding node's level register, and a key whose
+//! register was written is listed for the next gossip interval: rebalanced there, and its
+//! register sent to every peer, which merges it. A key used once a second cost the whole
+//! cluster a merge per decision (issue #18, figure 9 of docs/benchmarks.md), however far it
+//! was from its limit. But while a node's sub-bucket stays within a 64th of its capacity of
+//! full, what its peers would learn from the write changes nothing they decide: no node admits
+//! from another's sub-bucket, and the escrow gives from a node's own register, which the node
+//! itself keeps exact.
 //!
-//! So a decision that leaves the sub-bucket that near full writes the register here only:
-//! nothing is sent, and the key is not even listed for the next interval
-//! ([`KeyState::take_quiet`]) unless its forecast was last sampled [`QUIET_SAMPLE_MS`] ago or
-//! more. Then it is listed, rebalanced and its forecast sampled as any used key is, though its
-//! delta carries only what the rebalancing writes (its demand register, when its forecast
-//! moved enough to matter): a region-mate that takes the key over from a dead owner starts
-//! from the forecast the owner last published, and must find one.
-//! The next write that leaves the bucket further from full (or any other change of the key)
-//! sends the register as it is then, and the periodic rebuild of the anti-entropy digest
-//! finds and repairs a key whose peers hold an older register (within a minute). What peers
-//! hold of the node's sub-bucket is then at most a 64th of its capacity above the truth:
+//! So a decision that leaves the sub-bucket that near full writes the register and marks it to
+//! be sent, but does not list the key ([`KeyState::take_quiet`]): the write goes with the key's
+//! next listing — a merge from a peer, a decision that leaves the bucket further from full, or
+//! the first decision once the key's forecast was last sampled [`QUIET_SAMPLE_MS`] ago (the
+//! escrow's horizon), which lists it as any used key is, so that its forecast is sampled and
+//! published as before. (Found by `levee-cluster`'s `protocol` test of a region-mate taking
+//! over a dead owner's key: a key never listed never published a forecast, and the region-mate
+//! denied a check before rights came.) A key left alone after a quiet write is repaired by
+//! anti-entropy once the digest is rebuilt (every minute).
 //!
-//! * their `/v1/usage` and `remaining` may count up to that much less used;
+//! What peers hold of the node's sub-bucket is then never below the truth and at most a 64th
+//! of its capacity above it:
+//!
+//! * their `/v1/usage` and `remaining` may count up to that much less used, for up to
+//!   [`QUIET_SAMPLE_MS`] while the key is used;
 //! * a node that crashes and pulls its state back from them, or its heirs once it is removed,
 //!   may admit up to that much again (besides what it admitted in its last gossip interval,
-//!   as before) — docs/replication.md, "Crashes".
+//!   as before) — docs/replication.md, "A token bucket near full".
 //!
 //! Only [`KeyState::decide`] spends quietly, only where the key has a demand book (it was used
 //! in more than one gossip interval, so its peers hold it), and never for a sub-bucket of fewer
-//! than 128 units: a key near its limit, or a small one, writes and sends at every decision, as
-//! before. (Found by `levee-cluster`'s `protocol` test of a region-mate taking over a dead
-//! owner's key: without the once-a-second listing the owner never published a forecast, and
-//! the region-mate denied a check before rights reached it.)
+//! than 128 units: a key near its limit, or a small one, is listed at every decision, as
+//! before.
 
 use crate::rights::NANO;
 
 use super::key_state::KeyState;
 
-/// A key spent quietly is still listed for rebalancing when its forecast was last sampled
-/// this long ago (ms): about once a second while it is used.
-pub(super) const QUIET_SAMPLE_MS: crate::time::Millis = 1_000;
+/// A key spent quietly is listed again (rebalanced, its forecast sampled, its register sent)
+/// by its first decision once its forecast was last sampled this long ago: the escrow's
+/// forecast horizon.
+pub(super) const QUIET_SAMPLE_MS: crate::time::Millis = crate::escrow::HORIZON_MS;
 
 /// A sub-bucket spends quietly while it is within this fraction of its capacity of full.
 const QUIET_DIVISOR: u64 = 64;
