@@ -53,7 +53,12 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
             let c = ctx(&replicas, now, 0);
             let d = owner.decide(&target, RuleMode::Enforce, cost, false, &c);
             listed |= !owner.take_quiet();
-            let all = decide_all(&mut [(&mut twin, target, RuleMode::Enforce)], cost, false, &c);
+            let all = decide_all(
+                &mut [(&mut twin, target, RuleMode::Enforce)],
+                cost,
+                false,
+                &c,
+            );
             assert_eq!(figures(&d), figures(&all.results[0]), "at {}", now - START);
         }
         let rctx = rebalance_ctx(&replicas, now, 0, burst / 2);
@@ -65,7 +70,8 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
             owner.rebalance(&target, &rctx);
             if let Some(delta) = owner.take_delta(NodeIdx(0)) {
                 out.deltas += 1;
-                peer.merge(&delta, &target, &ctx(&replicas, now, 1)).unwrap();
+                peer.merge(&delta, &target, &ctx(&replicas, now, 1))
+                    .unwrap();
             }
         }
         let mut restarted = KeyState::new();
@@ -87,7 +93,11 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
 fn a_full_bucket_is_spent_without_deltas() {
     let checks = [3u8; 250]; // 150 a second for 5 s
     let r = run(1_000_000, 1_000_000, 1, &checks);
-    assert!(r.twin_deltas >= 249, "the twin sent {} deltas", r.twin_deltas);
+    assert!(
+        r.twin_deltas >= 249,
+        "the twin sent {} deltas",
+        r.twin_deltas
+    );
     assert!(r.deltas <= 5, "node 0 sent {} deltas", r.deltas);
 }
 
@@ -98,7 +108,11 @@ fn a_draining_bucket_sends_every_write_once_past_a_64th() {
     let checks = [10u8; 100];
     let r = run(1, 10_000, 1, &checks);
     // Quiet while within 78 tokens of full: the first 8 intervals at most.
-    assert!(r.deltas >= 90, "node 0 sent {} deltas in 100 intervals", r.deltas);
+    assert!(
+        r.deltas >= 90,
+        "node 0 sent {} deltas in 100 intervals",
+        r.deltas
+    );
     let (used, seen, _) = r.used[99];
     assert_eq!(used, seen, "node 1's view of a bucket sent at every write");
 }

@@ -203,7 +203,10 @@ fn main() {
     let settled = Instant::now() + Duration::from_secs(1);
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < settled || !nodes.iter().all(|n| n.cluster.is_synced()) {
-        assert!(Instant::now() < deadline, "the nodes did not sync within 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "the nodes did not sync within 10 s"
+        );
         step(&mut nodes, false);
         next += Duration::from_millis(INTERVAL_MS);
         sleep_until(next);
@@ -249,7 +252,10 @@ fn main() {
          first node): {decided} decided, {allowed} allowed",
         names.len()
     );
-    println!("deciding (first node): {:.3} µs per decision", us(decide_time));
+    println!(
+        "deciding (first node): {:.3} µs per decision",
+        us(decide_time)
+    );
     let mut total = 0.0;
     for (i, n) in nodes.iter().enumerate() {
         total += us(n.spent);
