@@ -190,8 +190,8 @@ impl Store {
     }
 
     /// Runs `f` on the key's state, creating it (and evicting if needed) when missing, and
-    /// lists the key as changed unless `f` was a decision that changed nothing another node
-    /// reads ([`KeyState::take_quiet`]).
+    /// lists the key as changed unless `f` was a decision whose write no other node needs yet
+    /// ([`KeyState::take_quiet`]).
     #[inline]
     pub fn with<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
         if let Some(entry) = self.map.get(id) {
@@ -209,8 +209,8 @@ impl Store {
     }
 
     /// Lists a key as changed after an operation on its state, unless the operation was a
-    /// decision taken from tokens the node had already counted as used (`KeyState::take_quiet`:
-    /// its delta is empty, and its rebalancing waits for its next listing).
+    /// decision whose write no other node needs yet (`KeyState::take_quiet`: a token bucket
+    /// near full; the write goes with the key's next listing).
     #[inline]
     fn note_unless_quiet(&self, entry: &SlotRef, slot: &mut Slot) {
         if !slot.state.take_quiet() {

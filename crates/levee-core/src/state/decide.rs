@@ -137,7 +137,8 @@ impl KeyState {
 
     /// Commits an evaluated check of `cost`: counts the request, records the claims the
     /// evaluation raised and, if `admitted`, takes the cost (from the epoch's tally, the
-    /// sub-bucket; with `quiet_ok`, from tokens held aside where there are, `reserve.rs`).
+    /// sub-bucket). With `quiet_ok`, a token bucket's write that leaves it near full does not
+    /// list the key (`quiet.rs`).
     fn commit(
         &mut self,
         target: &Target<'_>,
@@ -177,8 +178,6 @@ impl KeyState {
         }
         if admitted && let Algorithm::TokenBucket { .. } = algo {
             let after = ev.level_nt - i128::from(cost) * NANO;
-            // Near full, the write stays here (`quiet.rs`), unless something else of the key
-            // is to be sent anyway.
             self.set_level(ctx.me, after, now);
             // Near full, the key is not listed for the write (`quiet.rs`): the write goes
             // with the key's next listing, at the latest once its forecast is due a sample.

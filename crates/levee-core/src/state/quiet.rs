@@ -58,11 +58,11 @@ pub(super) fn near_full(level_nt: i128, units: u64) -> bool {
 }
 
 impl KeyState {
-    /// Whether the last operation on this state was a decision that changed nothing another
-    /// node reads (`state/quiet.rs`): the key need not be listed for the next gossip interval
-    /// (its delta is empty; its forecast samples the requests later, by their time). Reading
-    /// clears it. A store calls this after every operation on a key and lists the key unless
-    /// it says so.
+    /// Whether the last operation on this state was a decision whose write no other node needs
+    /// yet (`state/quiet.rs`): the key need not be listed for the next gossip interval (the
+    /// write goes with its next listing; its forecast samples the requests then, by their
+    /// time). Reading clears it. A store calls this after every operation on a key and lists
+    /// the key unless it says so.
     #[inline]
     pub fn take_quiet(&mut self) -> bool {
         std::mem::take(&mut self.quiet)

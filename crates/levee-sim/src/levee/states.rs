@@ -225,8 +225,8 @@ impl SimStates {
         }
         let state = self.keys.entry(id.clone()).or_default();
         let d = state.decide(&target, RuleMode::Enforce, cost, false, &ctx);
-        // A decision that wrote nothing a peer needs lists nothing, as a node's store does
-        // (`KeyState::take_quiet`).
+        // A decision whose write no peer needs yet (a token bucket near full) does not list
+        // the key, as a node's store does not (`KeyState::take_quiet`).
         if !state.take_quiet() {
             self.touched(id);
         }
