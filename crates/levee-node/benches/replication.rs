@@ -118,6 +118,18 @@ fn dispatch(n: &mut Node) {
     }
 }
 
+/// Encodes every message `cluster` (node `from`) has to send onto `queue`.
+fn send_all(
+    cluster: &mut Cluster,
+    from: NodeIdx,
+    queue: &mut std::collections::VecDeque<(NodeIdx, NodeIdx, Vec<u8>)>,
+) {
+    while let Some(out) = cluster.poll_transmit() {
+        let frame = encode_frame(&out.msg).expect("an encodable message");
+        queue.push_back((from, out.to, frame));
+    }
+}
+
 /// Runs every node's due timer and delivers every frame (encoded and decoded), in the order
 /// sent, until none is left; `measure` adds each node's time to its `spent`.
 fn step(nodes: &mut [Node], measure: bool) {
@@ -129,10 +141,7 @@ fn step(nodes: &mut [Node], measure: bool) {
             let mut states = NodeStates::new(&n.limiter, &mut n.digest);
             n.cluster.handle_timeout(now, &mut states);
         }
-        while let Some(out) = n.cluster.poll_transmit() {
-            let frame = encode_frame(&out.msg).expect("an encodable message");
-            queue.push_back((NodeIdx(i as u16), out.to, frame));
-        }
+        send_all(&mut n.cluster, NodeIdx(i as u16), &mut queue);
         if measure {
             n.spent += t.elapsed();
         }
@@ -149,10 +158,7 @@ fn step(nodes: &mut [Node], measure: bool) {
         };
         let mut states = NodeStates::new(&n.limiter, &mut n.digest);
         n.cluster.handle_message(from, msg, now, &mut states);
-        while let Some(out) = n.cluster.poll_transmit() {
-            let frame = encode_frame(&out.msg).expect("an encodable message");
-            queue.push_back((to, out.to, frame));
-        }
+        send_all(&mut n.cluster, to, &mut queue);
         if measure {
             n.spent += t.elapsed();
             n.bytes += frame.len() as u64;
