@@ -153,6 +153,25 @@ impl Forecast {
     pub fn rate(&self) -> f64 {
         self.long
     }
+
+    /// Whether `requested` tokens over the `ms` milliseconds since the last sample agree with
+    /// the long memory: within a factor of [`SHIFT_FACTOR`] of what it expects over that time,
+    /// or within a Poisson count's noise of it (by the same significances as a shift, the
+    /// costs' dispersion included). A forecast not yet primed agrees with nothing. A sample of
+    /// requests that agree would move the forecast little, so it can wait (`state/quiet.rs`).
+    pub fn agrees(&self, requested: u64, ms: Millis) -> bool {
+        if !self.primed || ms == 0 {
+            return false;
+        }
+        let expected = self.long * ms as f64;
+        let seen = requested as f64;
+        let deviation = expected.max(seen).sqrt();
+        let above =
+            seen > expected * SHIFT_FACTOR && seen - expected > SHIFT_SIGNIFICANCE * deviation;
+        let below = seen * SHIFT_FACTOR < expected
+            && expected - seen > DROP_SIGNIFICANCE * deviation * self.dispersion.max(1.0).sqrt();
+        !above && !below
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +184,29 @@ mod tests {
             now += step;
             assert!(f.sample(now, (r * step as f64) as u64, epoch));
         }
+    }
+
+    #[test]
+    fn requests_agree_with_a_steady_forecast_and_not_with_a_shift() {
+        let mut f = Forecast::default();
+        assert!(
+            !f.agrees(10, 1000),
+            "an unprimed forecast agrees with nothing"
+        );
+        f.sample(0, 0, 1000);
+        feed(&mut f, &[1.0; 100], 20, 1000);
+        assert!(f.agrees(5_000, 5_000));
+        assert!(f.agrees(4_000, 5_000) && f.agrees(9_000, 5_000));
+        assert!(!f.agrees(11_000, 5_000), "more than twice the rate");
+        assert!(!f.agrees(2_000, 5_000), "less than half of it");
+        assert!(!f.agrees(0, 5_000));
+        assert!(!f.agrees(5, 0), "no time since the last sample");
+        // At a few requests expected, a count off by a factor of two is noise.
+        let mut slow = Forecast::default();
+        slow.sample(0, 0, 1000);
+        feed(&mut slow, &[0.001; 100], 1000, 1000);
+        assert!(slow.agrees(2, 5_000) && slow.agrees(10, 5_000));
+        assert!(!slow.agrees(40, 5_000));
     }
 
     #[test]

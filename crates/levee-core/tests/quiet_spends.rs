@@ -28,6 +28,8 @@ fn figures(d: &Decision) -> (bool, u64, u64, u64) {
 struct Run {
     used: Vec<(u64, u64, u64)>,
     deltas: usize,
+    /// The intervals at which node 0 sent a delta.
+    sent_at: Vec<usize>,
     twin_deltas: usize,
 }
 
@@ -42,10 +44,11 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
     let mut out = Run {
         used: Vec::new(),
         deltas: 0,
+        sent_at: Vec::new(),
         twin_deltas: 0,
     };
     let mut now = START;
-    for &n in checks {
+    for (i, &n) in checks.iter().enumerate() {
         // Node 0 is listed for the interval, as a node's store lists a key, unless every
         // decision in it was quiet; its twin is listed whenever it decided.
         let mut listed = false;
@@ -70,6 +73,7 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
             owner.rebalance(&target, &rctx);
             if let Some(delta) = owner.take_delta(NodeIdx(0)) {
                 out.deltas += 1;
+                out.sent_at.push(i);
                 peer.merge(&delta, &target, &ctx(&replicas, now, 1))
                     .unwrap();
             }
@@ -99,6 +103,47 @@ fn a_full_bucket_is_spent_without_deltas() {
         r.twin_deltas
     );
     assert!(r.deltas <= 5, "node 0 sent {} deltas", r.deltas);
+}
+
+/// A bucket used steadily far below its capacity is sent only when its forecast is due a
+/// sample: 30 s after the last one while its requests agree with it (every 5 s if they did
+/// not), for 90 s.
+#[test]
+fn a_steady_bucket_is_sent_once_in_30_s() {
+    let checks = [3u8; 4_500]; // 150 a second for 90 s
+    let r = run(1_000_000, 1_000_000, 1, &checks);
+    let steady: Vec<usize> = r.sent_at.iter().copied().filter(|&i| i >= 500).collect();
+    // After the first 10 s (the forecast forming, sampled every 5 s): at most one a 30 s.
+    assert!(
+        steady.len() <= 3,
+        "node 0 sent at intervals {:?}",
+        r.sent_at
+    );
+    assert!(
+        steady.windows(2).all(|w| w[1] - w[0] >= 1_500),
+        "node 0 sent at intervals {:?}",
+        r.sent_at
+    );
+    // Still sent: its peers' view is never more than 30 s old while it is used.
+    assert!(
+        r.sent_at.windows(2).all(|w| w[1] - w[0] <= 1_501),
+        "node 0 sent at intervals {:?}",
+        r.sent_at
+    );
+}
+
+/// A quiet bucket whose demand moves (ten times as many requests, still far from its
+/// capacity) is sent again within 5 s and a few decisions of the move.
+#[test]
+fn a_quiet_bucket_whose_demand_moves_is_sent_within_5_s() {
+    let mut checks = vec![1u8; 2_000]; // 50 a second for 40 s
+    checks.extend([10u8; 1_000]); // then 500 a second for 20 s
+    let r = run(1_000_000, 1_000_000, 1, &checks);
+    assert!(
+        r.sent_at.iter().any(|&i| (2_000..2_000 + 260).contains(&i)),
+        "node 0 sent at intervals {:?}",
+        r.sent_at
+    );
 }
 
 /// A bucket drained past a 64th of the node's capacity sends every write again: 5,000

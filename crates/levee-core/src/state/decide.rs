@@ -184,9 +184,10 @@ impl KeyState {
             self.quiet = quiet_ok
                 && !asked
                 && super::quiet::near_full(after, ev.bucket_units)
-                && self.demand_book.as_deref().is_some_and(|b| {
-                    now.saturating_sub(b.forecast.sampled_at()) < super::quiet::QUIET_SAMPLE_MS
-                });
+                && self
+                    .demand_book
+                    .as_deref()
+                    .is_some_and(|b| super::quiet::sample_can_wait(b, self.requested, now));
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(now, window_ms, limit);

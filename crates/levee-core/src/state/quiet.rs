@@ -12,18 +12,22 @@
 //! So a decision that leaves the sub-bucket that near full writes the register and marks it to
 //! be sent, but does not list the key ([`KeyState::take_quiet`]): the write goes with the key's
 //! next listing — a merge from a peer, a decision that leaves the bucket further from full, or
-//! the first decision once the key's forecast was last sampled [`QUIET_SAMPLE_MS`] ago (the
-//! escrow's horizon), which lists it as any used key is, so that its forecast is sampled and
-//! published as before. (Found by `levee-cluster`'s `protocol` test of a region-mate taking
-//! over a dead owner's key: a key never listed never published a forecast, and the region-mate
-//! denied a check before rights came.) A key left alone after a quiet write is repaired by
-//! anti-entropy once the digest is rebuilt (every minute).
+//! the first decision once the key's forecast is due a sample, which lists it as any used key
+//! is, so that its forecast is sampled and published as before. A forecast is due a sample
+//! [`QUIET_SAMPLE_MS`] (the escrow's horizon) after the last one if the requests since
+//! disagree with it by a factor and beyond a Poisson count's noise, and [`QUIET_LONGEST_MS`]
+//! after it in any case: a steady key's sample would move its forecast little, and a key used
+//! once a second cost each other node a merge every 5 s (issue #18, figure 9 on 2026-12-04).
+//! (Found by `levee-cluster`'s `protocol` test of a region-mate taking over a dead owner's
+//! key: a key never listed never published a forecast, and the region-mate denied a check
+//! before rights came.) A key left alone after a quiet write is repaired by anti-entropy once
+//! the digest is rebuilt (every minute).
 //!
 //! What peers hold of the node's sub-bucket is then never below the truth and at most a 64th
 //! of its capacity above it:
 //!
 //! * their `/v1/usage` and `remaining` may count up to that much less used, for up to
-//!   [`QUIET_SAMPLE_MS`] while the key is used;
+//!   [`QUIET_LONGEST_MS`] while the key is used;
 //! * a node that crashes and pulls its state back from them, or its heirs once it is removed,
 //!   may admit up to that much again (besides what it admitted in its last gossip interval,
 //!   as before) — docs/replication.md, "A token bucket near full".
@@ -34,13 +38,20 @@
 //! before.
 
 use crate::rights::NANO;
+use crate::time::Millis;
 
-use super::key_state::KeyState;
+use super::key_state::{DemandBook, KeyState};
 
 /// A key spent quietly is listed again (rebalanced, its forecast sampled, its register sent)
-/// by its first decision once its forecast was last sampled this long ago: the escrow's
-/// forecast horizon.
-pub(super) const QUIET_SAMPLE_MS: crate::time::Millis = crate::escrow::HORIZON_MS;
+/// by its first decision once its forecast was last sampled this long ago (the escrow's
+/// forecast horizon) and the requests since disagree with the forecast
+/// ([`Forecast::agrees`](crate::forecast::Forecast::agrees)).
+pub(super) const QUIET_SAMPLE_MS: Millis = crate::escrow::HORIZON_MS;
+
+/// ... and at the latest by its first decision once its forecast was last sampled this long
+/// ago, however steady its demand: what peers hold of the key's register and forecast is
+/// never older than this while the key is used.
+pub(super) const QUIET_LONGEST_MS: Millis = 30_000;
 
 /// A sub-bucket spends quietly while it is within this fraction of its capacity of full.
 const QUIET_DIVISOR: u64 = 64;
@@ -55,6 +66,16 @@ const MIN_UNITS: u64 = 2 * QUIET_DIVISOR;
 pub(super) fn near_full(level_nt: i128, units: u64) -> bool {
     units >= MIN_UNITS
         && i128::from(units) * NANO - level_nt <= i128::from(units / QUIET_DIVISOR) * NANO
+}
+
+/// Whether a quiet decision at `now` may leave the key's forecast unsampled: it was sampled
+/// less than [`QUIET_SAMPLE_MS`] ago, or less than [`QUIET_LONGEST_MS`] ago and the
+/// `requested` tokens since agree with it (a sample would move it little, and a published
+/// forecast moves only when that matters to some node's rebalancing, `demand.rs`).
+#[inline]
+pub(super) fn sample_can_wait(book: &DemandBook, requested: u64, now: Millis) -> bool {
+    let since = now.saturating_sub(book.forecast.sampled_at());
+    since < QUIET_SAMPLE_MS || (since < QUIET_LONGEST_MS && book.forecast.agrees(requested, since))
 }
 
 impl KeyState {
