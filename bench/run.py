@@ -373,6 +373,7 @@ class Cfg:
     fig9_rate: int
     fig9_topology: str
     fig9_rule: str
+    fig9_warm: int
     http_threads: int | None
     pin: bool = False
 
@@ -874,7 +875,8 @@ def fig9(levee: str, work: Path) -> None:
     log(f"fig 9: cluster CPU per decision at {rate:,} req/s; load {ld}")
 
     def measure(port: int, pids: list[int], extra: list[str], warm: int = 1) -> dict:
-        levee_bench(levee, port, args + extra, warm)  # warm-up: keys exist, rights settled
+        # Warm-up: keys exist, rights settled.
+        levee_bench(levee, port, args + extra, max(warm, C.fig9_warm))
         xs = [levee_bench(levee, port, args + extra, secs, pids) for _ in range(runs)]
         each = [median([x["cpu_us_each"][i] for x in xs]) for i in range(len(pids))]
         return {"cpu_us": median([x["cpu_us"] for x in xs]), "each": each,
@@ -1245,6 +1247,11 @@ def main() -> int:
                          "writes stay on the node, docs/replication.md), or `tight`, a bucket "
                          "of 2 a second that every decision takes far from full (every write "
                          "is sent)")
+    ap.add_argument("--fig9-warm", type=int, default=1,
+                    help="figure 9's warm-up before each layout's runs, seconds (default 1; "
+                         "`local_first` layouts warm 12 s at least). Above 5 the runs see the "
+                         "steady state of a bucket near full, whose key is listed only when "
+                         "its forecast is due a sample (docs/replication.md)")
     ap.add_argument("--fig9-topology", choices=["mesh", "regions"], default="mesh",
                     help="figure 9's cluster.gossip_topology (default mesh, Levee's default)")
     ap.add_argument("--http-threads", type=int, default=1,
@@ -1268,6 +1275,9 @@ def main() -> int:
     C.fig9_rate, C.http_threads = a.fig9_rate, (a.http_threads or None)
     C.fig9_topology = a.fig9_topology
     C.fig9_rule = a.fig9_rule
+    if a.fig9_warm < 1:
+        ap.error("--fig9-warm: at least 1 second")
+    C.fig9_warm = a.fig9_warm
     C.pin = a.pin
     if C.pin and (os.cpu_count() or 1) < 2:
         ap.error("--pin needs at least 2 cores")

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use levee_core::{
-    Algorithm, ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Millis, NodeIdx, ReplicaSet,
-    Rule, RuleMode, Target, Usage,
+    Algorithm, ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Listing, Millis, NodeIdx,
+    ReplicaSet, Rule, RuleMode, Target, Usage,
 };
 use levee_proto::{decode_id, encode_id};
 
@@ -19,6 +19,8 @@ pub struct MemoryStates {
     keys: BTreeMap<Vec<u8>, KeyState>,
     dirty: BTreeSet<Vec<u8>>,
     active: BTreeSet<Vec<u8>>,
+    /// Keys listed for later ([`Listing::Later`]).
+    later: BTreeSet<Vec<u8>>,
     /// The anti-entropy digest, updated as keys change.
     fingerprints: Fingerprints,
     /// The clock of the last call that told it (a decision, a merge, a digest).
@@ -42,6 +44,7 @@ impl MemoryStates {
             keys: BTreeMap::new(),
             dirty: BTreeSet::new(),
             active: BTreeSet::new(),
+            later: BTreeSet::new(),
             fingerprints: Fingerprints::default(),
             now: 0,
         }
@@ -52,6 +55,7 @@ impl MemoryStates {
         self.keys.clear();
         self.dirty.clear();
         self.active.clear();
+        self.later.clear();
         self.fingerprints.clear();
     }
 
@@ -78,11 +82,17 @@ impl MemoryStates {
         };
         let state = self.keys.entry(id.clone()).or_default();
         let d = state.decide(&target, RuleMode::Enforce, cost, false, &ctx);
-        // A decision whose write no peer needs yet (a token bucket near full) does not list
-        // the key, as a node's store does not (`KeyState::take_quiet`).
-        if !state.take_quiet() {
-            self.dirty.insert(id.clone());
-            self.active.insert(id);
+        // A decision whose write no peer needs yet (a token bucket near full) lists the key
+        // later or not at all, as a node's store does (`KeyState::take_listing`).
+        match state.take_listing() {
+            Listing::Now => {
+                self.dirty.insert(id.clone());
+                self.active.insert(id);
+            }
+            Listing::Later => {
+                self.later.insert(id);
+            }
+            Listing::Quiet => {}
         }
         Some(d)
     }
@@ -233,6 +243,17 @@ impl KeyStates for MemoryStates {
 
     fn algorithm_of(&self, rule: &str, class: Option<&str>, _now: Millis) -> Option<Algorithm> {
         self.rules.get(rule)?.algorithm_of(class)
+    }
+
+    fn listed_now(&mut self) -> usize {
+        self.active.len()
+    }
+
+    fn join_later(&mut self) {
+        for id in std::mem::take(&mut self.later) {
+            self.dirty.insert(id.clone());
+            self.active.insert(id);
+        }
     }
 
     fn activate_all(&mut self) {

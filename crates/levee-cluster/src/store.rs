@@ -46,6 +46,14 @@ pub trait KeyStates {
     /// ([`crate::bucket_of`]). Kept up to date as keys change (see [`crate::Fingerprints`]),
     /// so that a round costs O(buckets), not O(keys).
     fn digest(&mut self, now: Millis) -> Vec<u64>;
+    /// Takes the keys listed for this interval — used, merged or changed since the last
+    /// interval ([`levee_core::Listing::Now`]) — and says how many there are. The machine
+    /// calls it at the end of each interval, before [`KeyStates::join_later`], rebalancing
+    /// and draining.
+    fn listed_now(&mut self) -> usize;
+    /// Adds the keys listed for later ([`levee_core::Listing::Later`]) since the last call to
+    /// this interval's: they are rebalanced and drained with them.
+    fn join_later(&mut self);
     /// Calls `f` with every key used or merged since the last call, its state and its rule's
     /// target ([`levee_core::Rule::target_of_bucket`]), and lists the key as changed (its
     /// delta goes out with this interval's). The machine rebalances spare rights with it.

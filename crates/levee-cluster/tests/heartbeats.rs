@@ -5,6 +5,8 @@
 mod common;
 
 use common::{Net, replicas};
+use levee_cluster::Topology;
+use levee_core::RuleSpec;
 
 /// Batches `from` sent `to` in `[start, end)`.
 fn batches(net: &Net, from: usize, to: usize, start: u64, end: u64) -> usize {
@@ -86,5 +88,54 @@ fn a_link_whose_acknowledgements_stop_gets_a_batch_every_interval_and_heals_at_o
         net.now() <= heal + 20 + 10,
         "agreed {} ms after the heal",
         net.now() - heal
+    );
+}
+
+/// A token bucket far from its limit (a million tokens, refilling 2 a second), decided
+/// steadily at node 0 (5 a second), keeps its writes there
+/// (`levee_core::Listing`); when its forecast is due a sample (after 30 s of steady demand)
+/// it is listed for later and goes to node 1 in the batch that is the next heartbeat. So the
+/// link carries exactly an idle link's batches, every other interval, and node 1 then holds
+/// the key as node 0 does.
+#[test]
+fn a_quiet_bucket_due_a_sample_rides_on_a_heartbeat() {
+    let rule = RuleSpec::token_bucket("r", 2, 1_000, 1_000_000)
+        .validate()
+        .unwrap();
+    // No anti-entropy while it runs: the repair of a key whose writes stay at node 0 is not
+    // what is measured.
+    let mut net = Net::mixed_with_anti_entropy(
+        replicas(&["eu", "us"], 1),
+        rule,
+        &[Topology::Mesh; 2],
+        3_600_000,
+    );
+    net.start();
+    net.run(200);
+    let t = net.now();
+    // Five decisions a second for 45 s.
+    for _ in 0..225 {
+        assert!(net.decide(0, "k"));
+        net.run(200);
+    }
+    // From 10 s on (the forecast formed, the key quiet): the idle pace, one batch in 40 ms.
+    let n = batches(&net, 0, 1, t + 10_000, t + 45_000);
+    assert_eq!(n, 35_000 / 40, "batches 0 -> 1 from 10 s to 45 s");
+    // The key went: node 1's state is node 0's as of the sample (within 30 s of its start,
+    // so node 1's view of what node 0 used may lag by up to 30 s of decisions, a 64th of
+    // node 0's capacity at most).
+    let (a, b) = (
+        net.nodes[0].1.usage("r", "k", net.now()).unwrap(),
+        net.nodes[1].1.usage("r", "k", net.now()).unwrap(),
+    );
+    assert!(
+        b.remaining >= a.remaining && b.remaining - a.remaining <= 500_000 / 64 + 1,
+        "node 0 sees {} remaining, node 1 {}",
+        a.remaining,
+        b.remaining
+    );
+    assert!(
+        b.remaining < 1_000_000,
+        "node 1 never heard of node 0's decisions"
     );
 }

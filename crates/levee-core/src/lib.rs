@@ -56,5 +56,5 @@ pub use replica::{
     ReplicaSpec,
 };
 pub use rule::{Algorithm, CheckError, Rule, RuleError, RuleMode, RuleSpec, Target};
-pub use state::{KeyState, MergeError, Merged, RIGHTS_RETRY_MS, decide_all};
+pub use state::{KeyState, Listing, MergeError, Merged, RIGHTS_RETRY_MS, decide_all};
 pub use time::{HumanDuration, Millis};

@@ -13,7 +13,7 @@ mod common;
 
 use common::{ctx, rebalance_ctx, two_regions};
 use levee_core::rule::RuleSpec;
-use levee_core::{KeyState, Merged, NodeIdx, RuleMode};
+use levee_core::{KeyState, Listing, Merged, NodeIdx, RuleMode};
 
 const START: u64 = 1_700_000_000_000;
 
@@ -43,9 +43,11 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
     };
     let pattern = [1u64, 3, 0, 2, 1, 2, 0, 3];
     let mut now = START;
+    let mut later = false;
     for i in 0..(seconds * 50) as usize {
         // Listed for the interval, as a node's store lists a key, unless every decision in it
-        // was quiet (`KeyState::take_quiet`).
+        // was quiet (`KeyState::take_listing`); listed for later, with the next interval
+        // that is a heartbeat's (every fifth here, 100 ms).
         let mut listed = false;
         for _ in 0..pattern[i % pattern.len()] {
             owner.decide(
@@ -55,7 +57,15 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
                 false,
                 &ctx(&replicas, now, 0),
             );
-            listed |= !owner.take_quiet();
+            match owner.take_listing() {
+                Listing::Now => listed = true,
+                Listing::Later => later = true,
+                Listing::Quiet => {}
+            }
+        }
+        if later && (listed || i % 5 == 0) {
+            listed = true;
+            later = false;
         }
         if !listed {
             now += 20;

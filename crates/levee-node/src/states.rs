@@ -132,6 +132,7 @@ impl KeyStates for NodeStates<'_> {
                 continue;
             }
             slot.queued = false;
+            slot.later = false;
             let delta = slot.state.take_delta(me);
             let fp = key_fingerprint(id, slot.state.crdt(), retained);
             self.digest.record(id, &mut slot, fp, self.now);
@@ -228,6 +229,19 @@ impl KeyStates for NodeStates<'_> {
 
     fn algorithm_of(&self, rule: &str, class: Option<&str>, now: Millis) -> Option<Algorithm> {
         self.rules.algorithm_of(rule, class, now)
+    }
+
+    fn listed_now(&mut self) -> usize {
+        self.active().len()
+    }
+
+    fn join_later(&mut self) {
+        self.active();
+        let later = self.limiter.store().take_later();
+        self.pending.extend(later.iter().cloned());
+        if let Some(active) = self.active.as_mut() {
+            active.extend(later);
+        }
     }
 
     fn activate_all(&mut self) {

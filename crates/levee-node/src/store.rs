@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use dashmap::DashMap;
-use levee_core::KeyState;
+use levee_core::{KeyState, Listing};
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
@@ -57,6 +57,9 @@ pub struct Slot {
     pub state: KeyState,
     /// Whether the key is in the store's list of changed keys.
     pub queued: bool,
+    /// Whether the key is in the store's list of keys listed for later
+    /// ([`levee_core::Listing::Later`]).
+    pub later: bool,
     /// Whether the key was removed from the store ([`Store::remove`]) while something still
     /// held its entry: replication then leaves it alone.
     pub removed: bool,
@@ -138,6 +141,9 @@ pub struct Store {
     /// held weakly: listing a key costs no allocation and keeps no key from eviction, and
     /// the replication reaches each without searching the map.
     changed: Mutex<Vec<Weak<KeyEntry>>>,
+    /// Keys listed for later ([`levee_core::Listing::Later`]), held the same way: the
+    /// replication joins them to the changed keys at the pace of heartbeats.
+    later: Mutex<Vec<Weak<KeyEntry>>>,
     tracking: AtomicBool,
 }
 
@@ -164,6 +170,7 @@ impl Store {
             evictions: AtomicU64::new(0),
             evictions_live: AtomicU64::new(0),
             changed: Mutex::new(Vec::new()),
+            later: Mutex::new(Vec::new()),
             tracking: AtomicBool::new(false),
         }
     }
@@ -190,32 +197,51 @@ impl Store {
     }
 
     /// Runs `f` on the key's state, creating it (and evicting if needed) when missing, and
-    /// lists the key as changed unless `f` was a decision whose write no other node needs yet
-    /// ([`KeyState::take_quiet`]).
+    /// lists the key as changed, for later, or not, as the state asks
+    /// ([`KeyState::take_listing`]: only a decision whose write no other node needs yet is
+    /// not listed now).
     #[inline]
     pub fn with<R>(&self, id: &[u8], f: impl FnOnce(&mut KeyState) -> R) -> R {
         if let Some(entry) = self.map.get(id) {
             let e = &entry.key().0;
             let mut s = e.lock();
             let r = f(&mut s.state);
-            self.note_unless_quiet(e, &mut s);
+            self.note_as_asked(e, &mut s);
             return r;
         }
         let entry = self.slot(id);
         let mut s = entry.lock();
         let r = f(&mut s.state);
-        self.note_unless_quiet(&entry, &mut s);
+        self.note_as_asked(&entry, &mut s);
         r
     }
 
-    /// Lists a key as changed after an operation on its state, unless the operation was a
-    /// decision whose write no other node needs yet (`KeyState::take_quiet`: a token bucket
-    /// near full; the write goes with the key's next listing).
+    /// Lists a key after an operation on its state as the state asks
+    /// ([`KeyState::take_listing`]): as changed, unless the operation was a decision whose
+    /// write no other node needs yet (a token bucket near full), which lists it for later
+    /// (its forecast is due a sample) or not at all (the write goes with its next listing).
     #[inline]
-    fn note_unless_quiet(&self, entry: &SlotRef, slot: &mut Slot) {
-        if !slot.state.take_quiet() {
-            self.note(entry, slot);
+    fn note_as_asked(&self, entry: &SlotRef, slot: &mut Slot) {
+        match slot.state.take_listing() {
+            Listing::Now => self.note(entry, slot),
+            Listing::Later => self.note_later(entry, slot),
+            Listing::Quiet => {}
         }
+    }
+
+    /// Lists a key for later (once until drained), when tracking, unless it is listed as
+    /// changed already.
+    fn note_later(&self, entry: &SlotRef, slot: &mut Slot) {
+        if !slot.queued && !slot.later && self.tracking.load(Ordering::Relaxed) {
+            slot.later = true;
+            self.later.lock().push(Arc::downgrade(entry));
+        }
+    }
+
+    /// Takes the list of keys listed for later since the last call, as
+    /// [`Store::take_changed`] does (a key's `later` flag is cleared as it is drained).
+    pub fn take_later(&self) -> Vec<Weak<KeyEntry>> {
+        std::mem::take(&mut *self.later.lock())
     }
 
     /// Runs `f` on the key's state if the key is held, else on a fresh state that is then
@@ -227,7 +253,7 @@ impl Store {
             let e = &entry.key().0;
             let mut s = e.lock();
             let r = f(&mut s.state);
-            self.note_unless_quiet(e, &mut s);
+            self.note_as_asked(e, &mut s);
             return r;
         }
         f(&mut KeyState::new())

@@ -100,12 +100,35 @@ impl Cluster {
             }
         }
         self.heir_pull_step(now);
+        // Keys listed for later (`levee_core::Listing::Later`: a quiet bucket whose forecast
+        // is due a sample) go with this interval's keys if there are any, else when a link's
+        // idle heartbeat is due, in the batch that is the heartbeat.
+        let peers = self.links(now);
+        let listed_now = store.listed_now();
+        let only_later = listed_now == 0 && self.gateways.relay.is_empty();
+        let every = self.idle_heartbeat();
+        let beat = peers.is_empty()
+            || peers
+                .iter()
+                .any(|&p| now.saturating_sub(self.peer[usize::from(p.0)].last_batch_ms) >= every);
+        if listed_now > 0 || beat {
+            store.join_later();
+        }
         // A blind node does not know what it gave before it started: it gives nothing.
         if self.synced && !self.blind {
             self.rebalance(now, store);
         }
-        let peers = self.links(now);
+        // A batch of keys listed for later only is not followed by empty batches (see
+        // `heartbeat_due`): its loss is noticed at the next heartbeat, as such a key's
+        // listing waits one anyway.
+        let keys_ms: Option<Vec<Millis>> =
+            only_later.then(|| self.peer.iter().map(|p| p.last_keys_ms).collect());
         let sent_ids = self.send_deltas(&peers, now, store);
+        if let Some(keys_ms) = keys_ms {
+            for (p, t) in self.peer.iter_mut().zip(keys_ms) {
+                p.last_keys_ms = t;
+            }
+        }
         self.remember_sent(&sent_ids, now);
         for &p in &peers {
             self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;

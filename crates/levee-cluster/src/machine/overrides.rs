@@ -161,6 +161,10 @@ mod tests {
             vec![0; crate::DIGEST_BUCKETS as usize]
         }
         fn update_active(&mut self, _: &mut dyn FnMut(&[u8], &mut KeyState, &Target<'_>)) {}
+        fn listed_now(&mut self) -> usize {
+            0
+        }
+        fn join_later(&mut self) {}
         fn activate_all(&mut self) {}
         fn take_overrides(&mut self) -> Vec<OverrideEntry> {
             std::mem::take(&mut self.changed)

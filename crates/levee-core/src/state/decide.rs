@@ -10,6 +10,7 @@ use crate::rule::{Algorithm, RuleMode, Target};
 
 use super::evaluate::Evaluation;
 use super::key_state::KeyState;
+use super::quiet::Listing;
 
 impl KeyState {
     /// Decides one request of `cost` tokens and consumes them if allowed (and the rule is
@@ -138,7 +139,7 @@ impl KeyState {
     /// Commits an evaluated check of `cost`: counts the request, records the claims the
     /// evaluation raised and, if `admitted`, takes the cost (from the epoch's tally, the
     /// sub-bucket). With `quiet_ok`, a token bucket's write that leaves it near full does not
-    /// list the key (`quiet.rs`).
+    /// list the key now (`quiet.rs`).
     fn commit(
         &mut self,
         target: &Target<'_>,
@@ -150,7 +151,7 @@ impl KeyState {
     ) {
         let algo = target.algorithm;
         let now = ctx.now;
-        self.quiet = false;
+        self.listing = Listing::Now;
         // A token bucket's replicated state is its level register; only windows count per
         // epoch. A sliding log records admissions only, in the slot of this millisecond (a
         // denial leaves no entry: a flood of denials costs no memory).
@@ -180,14 +181,18 @@ impl KeyState {
             let after = ev.level_nt - i128::from(cost) * NANO;
             self.set_level(ctx.me, after, now);
             // Near full, the key is not listed for the write (`quiet.rs`): the write goes
-            // with the key's next listing, at the latest once its forecast is due a sample.
-            self.quiet = quiet_ok
+            // with the key's next listing, at the latest once its forecast is due a sample,
+            // and then at the pace of heartbeats.
+            if quiet_ok
                 && !asked
                 && super::quiet::near_full(after, ev.bucket_units)
-                && self
-                    .demand_book
-                    .as_deref()
-                    .is_some_and(|b| super::quiet::sample_can_wait(b, self.requested, now));
+                && let Some(b) = self.demand_book.as_deref()
+            {
+                self.listing = match super::quiet::sample_can_wait(b, self.requested, now) {
+                    true => Listing::Quiet,
+                    false => Listing::Later,
+                };
+            }
         }
         if let Algorithm::SlidingLog { limit, window_ms } = *algo {
             self.prune_log(now, window_ms, limit);

@@ -28,8 +28,8 @@ pub struct KeyState {
     pub(super) pending: PendingDelta,
     /// A sample saw requests while there was no forecast: the next one that does starts it.
     pub(super) demand_seen: bool,
-    /// The last decision wrote only what no other node needs yet ([`KeyState::take_quiet`]).
-    pub(super) quiet: bool,
+    /// How the last operation asks its store to list the key ([`KeyState::take_listing`]).
+    pub(super) listing: super::quiet::Listing,
 }
 
 /// This node's own record of its demand for a key, kept out of line and never replicated:

@@ -58,6 +58,7 @@ mod evaluate;
 mod key_state;
 mod log;
 mod quiet;
+pub use quiet::Listing;
 mod rebalance;
 mod usage;
 

@@ -10,10 +10,12 @@
 //! itself keeps exact.
 //!
 //! So a decision that leaves the sub-bucket that near full writes the register and marks it to
-//! be sent, but does not list the key ([`KeyState::take_quiet`]): the write goes with the key's
-//! next listing — a merge from a peer, a decision that leaves the bucket further from full, or
-//! the first decision once the key's forecast is due a sample, which lists it as any used key
-//! is, so that its forecast is sampled and published as before. A forecast is due a sample
+//! be sent, but does not list the key ([`Listing::Quiet`]): the write goes with the key's next
+//! listing — a merge from a peer, a decision that leaves the bucket further from full, or the
+//! first decision once the key's forecast is due a sample, which lists it for later
+//! ([`Listing::Later`]: rebalanced, so that its forecast is sampled and published as before,
+//! and sent within a heartbeat's time rather than at the end of the interval, since nothing
+//! about it is urgent). A forecast is due a sample
 //! [`QUIET_SAMPLE_MS`] (the escrow's horizon) after the last one if the requests since
 //! disagree with it by a factor and beyond a Poisson count's noise, and [`QUIET_LONGEST_MS`]
 //! after it in any case: a steady key's sample would move its forecast little, and a key used
@@ -78,14 +80,31 @@ pub(super) fn sample_can_wait(book: &DemandBook, requested: u64, now: Millis) ->
     since < QUIET_SAMPLE_MS || (since < QUIET_LONGEST_MS && book.forecast.agrees(requested, since))
 }
 
+/// How a store lists a key after an operation on its state ([`KeyState::take_listing`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Listing {
+    /// For this gossip interval: rebalanced and sent at its end (every operation but the
+    /// two below).
+    #[default]
+    Now,
+    /// For later: a quiet write whose key's forecast is due a sample. The key is rebalanced
+    /// and sent with the next interval that sends keys listed now, or, if none does, once
+    /// an idle link's heartbeat is due (every `suspect_after / 10`), in the batch that is
+    /// the heartbeat: a steady load of keys near full costs each link a frame per heartbeat,
+    /// not one per interval.
+    Later,
+    /// Not at all: a quiet write whose forecast can wait. It goes with the key's next
+    /// listing.
+    Quiet,
+}
+
 impl KeyState {
-    /// Whether the last operation on this state was a decision whose write no other node needs
-    /// yet (`state/quiet.rs`): the key need not be listed for the next gossip interval (the
-    /// write goes with its next listing; its forecast samples the requests then, by their
-    /// time). Reading clears it. A store calls this after every operation on a key and lists
-    /// the key unless it says so.
+    /// How the last operation on this state asks to be listed: [`Listing::Quiet`] and
+    /// [`Listing::Later`] only after a decision that left a token bucket near full
+    /// (`state/quiet.rs`). Reading resets it to [`Listing::Now`]. A store calls this after
+    /// every operation on a key and lists the key as it says.
     #[inline]
-    pub fn take_quiet(&mut self) -> bool {
-        std::mem::take(&mut self.quiet)
+    pub fn take_listing(&mut self) -> Listing {
+        std::mem::take(&mut self.listing)
     }
 }

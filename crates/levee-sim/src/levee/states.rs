@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use levee_cluster::{Fingerprints, KeyStates, Refused, key_fingerprint};
 use levee_core::{
-    Algorithm, ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, MergeError, Millis, NodeIdx,
-    ReplicaSet, Rule, RuleMode, Target,
+    Algorithm, ClusterView, DecideCtx, Decision, KeyCrdt, KeyState, Listing, MergeError, Millis,
+    NodeIdx, ReplicaSet, Rule, RuleMode, Target,
 };
 use levee_proto::{decode_id, encode_id};
 
@@ -49,6 +49,8 @@ pub struct SimStates {
     keys: BTreeMap<Vec<u8>, KeyState>,
     dirty: BTreeSet<Vec<u8>>,
     active: BTreeSet<Vec<u8>>,
+    /// Keys listed for later (`Listing::Later`).
+    later: BTreeSet<Vec<u8>>,
     fingerprints: Fingerprints,
     /// States refused because they name a node this node's list does not hold yet.
     unknown_node: u64,
@@ -78,6 +80,7 @@ impl SimStates {
             keys: BTreeMap::new(),
             dirty: BTreeSet::new(),
             active: BTreeSet::new(),
+            later: BTreeSet::new(),
             fingerprints: Fingerprints::default(),
             unknown_node: 0,
         }
@@ -189,6 +192,7 @@ impl SimStates {
         self.keys.clear();
         self.dirty.clear();
         self.active.clear();
+        self.later.clear();
         self.fingerprints.clear();
     }
 
@@ -225,10 +229,14 @@ impl SimStates {
         }
         let state = self.keys.entry(id.clone()).or_default();
         let d = state.decide(&target, RuleMode::Enforce, cost, false, &ctx);
-        // A decision whose write no peer needs yet (a token bucket near full) does not list
-        // the key, as a node's store does not (`KeyState::take_quiet`).
-        if !state.take_quiet() {
-            self.touched(id);
+        // A decision whose write no peer needs yet (a token bucket near full) lists the key
+        // later or not at all, as a node's store does (`KeyState::take_listing`).
+        match state.take_listing() {
+            Listing::Now => self.touched(id),
+            Listing::Later => {
+                self.later.insert(id);
+            }
+            Listing::Quiet => {}
         }
         Some(d)
     }
@@ -493,6 +501,16 @@ impl KeyStates for SimStates {
     fn algorithm_of(&self, rule: &str, class: Option<&str>, now: Millis) -> Option<Algorithm> {
         let b = self.rules.iter().find(|b| b.base.name == rule)?;
         b.at(now).algorithm_of(class)
+    }
+
+    fn listed_now(&mut self) -> usize {
+        self.active.len()
+    }
+
+    fn join_later(&mut self) {
+        for id in std::mem::take(&mut self.later) {
+            self.touched(id);
+        }
     }
 
     fn activate_all(&mut self) {
