@@ -5,7 +5,6 @@
 mod common;
 
 use common::{Net, replicas};
-use levee_cluster::Topology;
 use levee_core::RuleSpec;
 
 /// Batches `from` sent `to` in `[start, end)`.
@@ -104,12 +103,7 @@ fn a_quiet_bucket_due_a_sample_rides_on_a_heartbeat() {
         .unwrap();
     // No anti-entropy while it runs: the repair of a key whose writes stay at node 0 is not
     // what is measured.
-    let mut net = Net::mixed_with_anti_entropy(
-        replicas(&["eu", "us"], 1),
-        rule,
-        &[Topology::Mesh; 2],
-        3_600_000,
-    );
+    let mut net = Net::pair(rule, 3_600_000);
     net.start();
     net.run(200);
     let t = net.now();

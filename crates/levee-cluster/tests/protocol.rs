@@ -123,12 +123,7 @@ fn a_lost_batch_is_asked_for_and_sent_again_within_a_few_intervals() {
     let rule = RuleSpec::fixed_window("r", 1_000, 60_000)
         .validate()
         .unwrap();
-    let mut net = Net::mixed_with_anti_entropy(
-        replicas(&["eu", "us"], 1),
-        rule,
-        &[Topology::Mesh; 2],
-        60_000,
-    );
+    let mut net = Net::pair(rule, 60_000);
     net.start();
     net.lose_next_batch = Some((0, 1));
     for _ in 0..10 {

@@ -78,6 +78,17 @@ impl Net {
         Net::mixed_with_anti_entropy(replicas, rule, topologies, 200)
     }
 
+    /// Two regions of one node each, gossiping by mesh, with anti-entropy every
+    /// `anti_entropy_ms` (longer than the test runs: none).
+    pub(crate) fn pair(rule: levee_core::Rule, anti_entropy_ms: u64) -> Net {
+        Net::mixed_with_anti_entropy(
+            replicas(&["eu", "us"], 1),
+            rule,
+            &[Topology::Mesh; 2],
+            anti_entropy_ms,
+        )
+    }
+
     /// [`Net::mixed`] with anti-entropy every `anti_entropy_ms` (a test that must not rest
     /// on it gives a period longer than it runs).
     pub(crate) fn mixed_with_anti_entropy(
