@@ -4,7 +4,6 @@
 mod common;
 
 use common::{Net, TICK, replicas, window_rule};
-use levee_cluster::Topology;
 use levee_core::{KeyCrdt, Lattice, NodeIdx, RuleSpec};
 use levee_testkit::net::InFlightOnCut;
 use proptest::prelude::*;
