@@ -534,6 +534,18 @@ impl Store {
         }
     }
 
+    /// Runs `f` on every key's slot, and lists for later ([`levee_core::Listing::Later`]) the
+    /// keys for which it returns true.
+    pub fn for_each_slot_listing_later(&self, mut f: impl FnMut(&[u8], &mut Slot) -> bool) {
+        for entry in self.map.iter() {
+            let e = &entry.key().0;
+            let mut slot = e.lock();
+            if f(&e.id, &mut slot) {
+                self.note_later(e, &mut slot);
+            }
+        }
+    }
+
     /// Keeps only the keys for which `keep` returns true; also forgets them in the pool.
     pub fn retain(&self, mut keep: impl FnMut(&[u8], &mut KeyState) -> bool) {
         self.map

@@ -22,8 +22,8 @@
 //! once a second cost each other node a merge every 5 s (issue #18, figure 9 on 2026-12-04).
 //! (Found by `levee-cluster`'s `protocol` test of a region-mate taking over a dead owner's
 //! key: a key never listed never published a forecast, and the region-mate denied a check
-//! before rights came.) A key left alone after a quiet write is repaired by anti-entropy once
-//! the digest is rebuilt (every minute).
+//! before rights came.) A key left alone after a quiet write is listed for later when the
+//! node's anti-entropy digest is rebuilt (every minute), which sends the write.
 //!
 //! What peers hold of the node's sub-bucket is then never below the truth and at most a 64th
 //! of its capacity above it:
