@@ -85,16 +85,19 @@ impl MemoryStates {
         // A decision whose write no peer needs yet (a token bucket near full) lists the key
         // later or not at all, as a node's store does (`KeyState::take_listing`).
         match state.take_listing() {
-            Listing::Now => {
-                self.dirty.insert(id.clone());
-                self.active.insert(id);
-            }
+            Listing::Now => self.touched(id),
             Listing::Later => {
                 self.later.insert(id);
             }
             Listing::Quiet => {}
         }
         Some(d)
+    }
+
+    /// Lists a key as changed: its delta goes out and it is rebalanced at the next interval.
+    fn touched(&mut self, id: Vec<u8>) {
+        self.dirty.insert(id.clone());
+        self.active.insert(id);
     }
 
     /// A key's usage as this node sees it.
@@ -251,8 +254,7 @@ impl KeyStates for MemoryStates {
 
     fn join_later(&mut self) {
         for id in std::mem::take(&mut self.later) {
-            self.dirty.insert(id.clone());
-            self.active.insert(id);
+            self.touched(id);
         }
     }
 

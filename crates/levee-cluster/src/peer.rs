@@ -219,17 +219,23 @@ pub(crate) fn batch(now: Millis, keys: Vec<KeyEntry>) -> DeltaBatch {
 
 impl PeerLink {
     /// Readies a message for this peer: notes the send, acknowledges its latest batch and
-    /// chains a batch to the one sent before it.
-    pub(crate) fn stamp(&mut self, msg: &mut Message, now: Millis) {
+    /// chains a batch to the one sent before it. A batch of keys is followed by empty
+    /// batches for two intervals (`Cluster::heartbeat_due`) if `trailing`.
+    pub(crate) fn stamp(&mut self, msg: &mut Message, now: Millis, trailing: bool) {
         self.last_sent = now;
         if let Message::Deltas(b) | Message::PullChunk { batch: b, .. } = msg {
             b.ack_ms = self.heard_ms;
             b.prev_ms = self.last_batch_ms;
             self.last_batch_ms = b.sent_at_ms;
-            if !b.keys.is_empty() {
+            if trailing && !b.keys.is_empty() {
                 self.last_keys_ms = now;
             }
         }
+    }
+
+    /// Whether an idle link's heartbeat is due: no batch sent to it for `every`.
+    pub(crate) fn idle_beat_due(&self, now: Millis, every: Millis) -> bool {
+        now.saturating_sub(self.last_batch_ms) >= every
     }
 
     /// Notes a batch received from this peer (`heard_ms`); returns the `sent_at_ms` of the

@@ -121,12 +121,9 @@ impl Forecast {
         // a Poisson count's noise: at a few requests per short memory, a gap or a clump of
         // requests alone makes the factor.
         let (expected, seen) = (self.long * tau_short, self.short * tau_short);
-        let deviation = expected.max(seen).sqrt();
-        let drop_deviation = deviation * self.dispersion.max(1.0).sqrt();
-        let far = (self.short > self.long * SHIFT_FACTOR + 1e-12
-            && seen - expected > SHIFT_SIGNIFICANCE * deviation)
-            || (self.short * SHIFT_FACTOR < self.long
-                && expected - seen > DROP_SIGNIFICANCE * drop_deviation);
+        let (more, fewer) = self.beyond_noise(expected, seen);
+        let far = (self.short > self.long * SHIFT_FACTOR + 1e-12 && more)
+            || (self.short * SHIFT_FACTOR < self.long && fewer);
         if far {
             self.disagree = self.disagree.saturating_add(1);
             if self.disagree >= SHIFT_SAMPLES {
@@ -163,14 +160,24 @@ impl Forecast {
         if !self.primed || ms == 0 {
             return false;
         }
-        let expected = self.long * ms as f64;
-        let seen = requested as f64;
+        let (expected, seen) = (self.long * ms as f64, requested as f64);
+        let (more, fewer) = self.beyond_noise(expected, seen);
+        let shifted =
+            (seen > expected * SHIFT_FACTOR && more) || (seen * SHIFT_FACTOR < expected && fewer);
+        !shifted
+    }
+
+    /// Whether `seen` tokens are more than `expected` by more than a Poisson count's noise
+    /// ([`SHIFT_SIGNIFICANCE`] deviations), and whether they are fewer by more than
+    /// [`DROP_SIGNIFICANCE`] deviations, widened by the costs' dispersion: the noise half of
+    /// the test for a shift.
+    fn beyond_noise(&self, expected: f64, seen: f64) -> (bool, bool) {
         let deviation = expected.max(seen).sqrt();
-        let above =
-            seen > expected * SHIFT_FACTOR && seen - expected > SHIFT_SIGNIFICANCE * deviation;
-        let below = seen * SHIFT_FACTOR < expected
-            && expected - seen > DROP_SIGNIFICANCE * deviation * self.dispersion.max(1.0).sqrt();
-        !above && !below
+        let drop_deviation = deviation * self.dispersion.max(1.0).sqrt();
+        (
+            seen - expected > SHIFT_SIGNIFICANCE * deviation,
+            expected - seen > DROP_SIGNIFICANCE * drop_deviation,
+        )
     }
 }
 

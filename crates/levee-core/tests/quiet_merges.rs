@@ -11,9 +11,9 @@
 
 mod common;
 
-use common::{ctx, rebalance_ctx, two_regions};
+use common::{Listed, ctx, rebalance_ctx, two_regions};
 use levee_core::rule::RuleSpec;
-use levee_core::{KeyState, Listing, Merged, NodeIdx, RuleMode};
+use levee_core::{KeyState, Merged, NodeIdx, RuleMode};
 
 const START: u64 = 1_700_000_000_000;
 
@@ -43,12 +43,9 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
     };
     let pattern = [1u64, 3, 0, 2, 1, 2, 0, 3];
     let mut now = START;
-    let mut later = false;
+    let mut listed = Listed::default();
     for i in 0..(seconds * 50) as usize {
-        // Listed for the interval, as a node's store lists a key, unless every decision in it
-        // was quiet (`KeyState::take_listing`); listed for later, with the next interval
-        // that is a heartbeat's (every fifth here, 100 ms).
-        let mut listed = false;
+        // Listed as a node lists a key (`KeyState::take_listing`).
         for _ in 0..pattern[i % pattern.len()] {
             owner.decide(
                 &target,
@@ -57,17 +54,9 @@ fn noisy_owner(spec: RuleSpec, seconds: u64) -> Seen {
                 false,
                 &ctx(&replicas, now, 0),
             );
-            match owner.take_listing() {
-                Listing::Now => listed = true,
-                Listing::Later => later = true,
-                Listing::Quiet => {}
-            }
+            listed.note(owner.take_listing());
         }
-        if later && (listed || i % 5 == 0) {
-            listed = true;
-            later = false;
-        }
-        if !listed {
+        if !listed.interval_ends(i) {
             now += 20;
             continue;
         }

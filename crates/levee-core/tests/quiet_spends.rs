@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{ctx, rebalance_ctx, two_regions};
+use common::{Listed, ctx, rebalance_ctx, two_regions};
 use levee_core::rule::RuleSpec;
-use levee_core::{Decision, KeyState, Listing, NodeIdx, RuleMode, decide_all};
+use levee_core::{Decision, KeyState, NodeIdx, RuleMode, decide_all};
 use proptest::prelude::*;
 
 const START: u64 = 1_700_000_000_000;
@@ -48,21 +48,14 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
         twin_deltas: 0,
     };
     let mut now = START;
-    let mut later = false;
+    let mut listing = Listed::default();
     for (i, &n) in checks.iter().enumerate() {
-        // Node 0 is listed for the interval, as a node's store lists a key, unless every
-        // decision in it was quiet; listed for later, with the next interval that is a
-        // heartbeat's (every fifth here, 100 ms) or lists it anyway. Its twin is listed
+        // Node 0 is listed as a node lists a key (`KeyState::take_listing`); its twin
         // whenever it decided.
-        let mut listed = false;
         for _ in 0..n {
             let c = ctx(&replicas, now, 0);
             let d = owner.decide(&target, RuleMode::Enforce, cost, false, &c);
-            match owner.take_listing() {
-                Listing::Now => listed = true,
-                Listing::Later => later = true,
-                Listing::Quiet => {}
-            }
+            listing.note(owner.take_listing());
             let all = decide_all(
                 &mut [(&mut twin, target, RuleMode::Enforce)],
                 cost,
@@ -71,10 +64,7 @@ fn run(rate: u64, burst: u64, cost: u64, checks: &[u8]) -> Run {
             );
             assert_eq!(figures(&d), figures(&all.results[0]), "at {}", now - START);
         }
-        if later && (listed || i % 5 == 0) {
-            listed = true;
-            later = false;
-        }
+        let listed = listing.interval_ends(i);
         let rctx = rebalance_ctx(&replicas, now, 0, burst / 2);
         if n > 0 {
             twin.rebalance(&target, &rctx);

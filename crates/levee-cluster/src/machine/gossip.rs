@@ -104,14 +104,14 @@ impl Cluster {
         // is due a sample) go with this interval's keys if there are any, else when a link's
         // idle heartbeat is due, in the batch that is the heartbeat.
         let peers = self.links(now);
-        let listed_now = store.listed_now();
-        let only_later = listed_now == 0 && self.gateways.relay.is_empty();
+        let urgent = store.listed_now() > 0 || !self.gateways.relay.is_empty();
         let every = self.idle_heartbeat();
-        let beat = peers.is_empty()
+        if urgent
+            || peers.is_empty()
             || peers
                 .iter()
-                .any(|&p| now.saturating_sub(self.peer[usize::from(p.0)].last_batch_ms) >= every);
-        if listed_now > 0 || beat {
+                .any(|&p| self.peer[usize::from(p.0)].idle_beat_due(now, every))
+        {
             store.join_later();
         }
         // A blind node does not know what it gave before it started: it gives nothing.
@@ -121,14 +121,7 @@ impl Cluster {
         // A batch of keys listed for later only is not followed by empty batches (see
         // `heartbeat_due`): its loss is noticed at the next heartbeat, as such a key's
         // listing waits one anyway.
-        let keys_ms: Option<Vec<Millis>> =
-            only_later.then(|| self.peer.iter().map(|p| p.last_keys_ms).collect());
-        let sent_ids = self.send_deltas(&peers, now, store);
-        if let Some(keys_ms) = keys_ms {
-            for (p, t) in self.peer.iter_mut().zip(keys_ms) {
-                p.last_keys_ms = t;
-            }
-        }
+        let sent_ids = self.send_deltas(&peers, now, store, urgent);
         self.remember_sent(&sent_ids, now);
         for &p in &peers {
             self.peer[usize::from(p.0)].budget = PUSH_KEYS_PER_TICK;
@@ -182,7 +175,7 @@ impl Cluster {
         let every = self.idle_heartbeat();
         let interval = self.cfg.gossip_interval;
         let st = &self.peer[usize::from(p.0)];
-        now.saturating_sub(st.last_batch_ms) >= every
+        st.idle_beat_due(now, every)
             || now.saturating_sub(st.last_keys_ms) <= 2 * interval
             || !self.membership.is_reachable(p)
             || now.saturating_sub(st.acked_ms) > 2 * every + 4 * interval
@@ -237,12 +230,14 @@ impl Cluster {
     }
 
     /// Deltas of every key changed since the last interval, to every peer in `peers`, and to
-    /// region-mates with what this node relays (`topology.rs`); returns the ids sent.
+    /// region-mates with what this node relays (`topology.rs`); returns the ids sent. The
+    /// batches are followed by empty ones for two intervals if `trailing` (`heartbeat_due`).
     pub(super) fn send_deltas(
         &mut self,
         peers: &[NodeIdx],
         now: Millis,
         store: &mut dyn KeyStates,
+        trailing: bool,
     ) -> Vec<Vec<u8>> {
         let mut own: Vec<Vec<KeyEntry>> = Vec::new();
         loop {
@@ -272,7 +267,7 @@ impl Cluster {
             for keys in own {
                 let batch = batch(now, keys);
                 for &p in peers {
-                    self.send(p, Message::Deltas(batch.clone()), now);
+                    self.send_stamped(p, Message::Deltas(batch.clone()), now, trailing);
                 }
             }
             return sent_ids;

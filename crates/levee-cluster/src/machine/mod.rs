@@ -271,8 +271,14 @@ impl Cluster {
             .collect()
     }
 
-    fn send(&mut self, to: NodeIdx, mut msg: Message, now: Millis) {
-        self.peer[usize::from(to.0)].stamp(&mut msg, now);
+    fn send(&mut self, to: NodeIdx, msg: Message, now: Millis) {
+        self.send_stamped(to, msg, now, true);
+    }
+
+    /// [`Cluster::send`]; a batch of keys is followed by empty batches only if `trailing`
+    /// ([`PeerLink::stamp`]).
+    fn send_stamped(&mut self, to: NodeIdx, mut msg: Message, now: Millis, trailing: bool) {
+        self.peer[usize::from(to.0)].stamp(&mut msg, now, trailing);
         self.out.push_back(Outgoing { to, msg });
     }
 
@@ -480,7 +486,9 @@ impl Cluster {
     /// [`Cluster::acknowledged_since`].
     pub fn flush(&mut self, now: Millis, store: &mut dyn KeyStates) -> Millis {
         let links = self.links(now);
-        let sent = self.send_deltas(&links, now, store);
+        // Keys listed for later go too: nothing waits for a heartbeat of a node that stops.
+        store.join_later();
+        let sent = self.send_deltas(&links, now, store, true);
         self.remember_sent(&sent, now);
         now
     }

@@ -50,9 +50,9 @@ use super::key_state::{DemandBook, KeyState};
 /// ([`Forecast::agrees`](crate::forecast::Forecast::agrees)).
 pub(super) const QUIET_SAMPLE_MS: Millis = crate::escrow::HORIZON_MS;
 
-/// ... and at the latest by its first decision once its forecast was last sampled this long
-/// ago, however steady its demand: what peers hold of the key's register and forecast is
-/// never older than this while the key is used.
+/// However steady its demand, a key spent quietly is listed again by its first decision once
+/// its forecast was last sampled this long ago: what peers hold of the key's register and
+/// forecast is never older than this (and a heartbeat) while the key is used.
 pub(super) const QUIET_LONGEST_MS: Millis = 30_000;
 
 /// A sub-bucket spends quietly while it is within this fraction of its capacity of full.

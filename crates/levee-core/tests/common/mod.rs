@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use levee_core::{
-    ClusterView, DecideCtx, NodeIdx, PeerClock, RebalanceCtx, RegionMask, ReplicaSet, ReplicaSpec,
+    ClusterView, DecideCtx, Listing, NodeIdx, PeerClock, RebalanceCtx, RegionMask, ReplicaSet,
+    ReplicaSpec,
 };
 
 /// Two regions (eu, us) of one node each, of equal weight.
@@ -62,5 +63,35 @@ pub(crate) fn rebalance_ctx(
         clock_of: &clock_unknown,
         started: 0,
         own_demand: false,
+    }
+}
+
+/// How a node lists one key from interval to interval, as its store and its machine do
+/// (`levee_core::Listing`): listed now, it is rebalanced and sent at the end of the
+/// interval; listed for later, with the next interval that lists it now or that is a
+/// heartbeat's (every fifth here, 100 ms of 20 ms intervals).
+#[derive(Default)]
+pub(crate) struct Listed {
+    now: bool,
+    later: bool,
+}
+
+impl Listed {
+    /// Notes how an operation asked to list the key.
+    pub(crate) fn note(&mut self, listing: Listing) {
+        match listing {
+            Listing::Now => self.now = true,
+            Listing::Later => self.later = true,
+            Listing::Quiet => {}
+        }
+    }
+
+    /// Interval `i` ends: whether the key is rebalanced and sent in it.
+    pub(crate) fn interval_ends(&mut self, i: usize) -> bool {
+        let sent = self.now || (self.later && i.is_multiple_of(5));
+        if sent {
+            *self = Listed::default();
+        }
+        sent
     }
 }
