@@ -80,7 +80,7 @@ fn forecast_matters(
     scopes(&algo, now).into_iter().any(|scope| {
         let base = share.saturating_add(scope.inherited(crdt, target, &algo, me));
         let held = matrix(crdt, scope).map_or(base, |m| holdings(base, m, me));
-        let need = |f| need_of(crdt, &algo, me, f, scope, now, HORIZON_MS);
+        let need = |f| need_of(crdt, &algo, me, f, scope, now, HORIZON_MS, replicas.len());
         need(old).max(need(new)).saturating_mul(2) > held
     })
 }

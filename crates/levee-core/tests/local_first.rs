@@ -133,3 +133,88 @@ fn with_own_demand_a_region_mate_gets_rights_toward_its_own_demand_and_decides_i
         "with own demand the mate decided {with} of 450"
     );
 }
+
+/// One region, two nodes: node 0 owns a token bucket's key, node 1 (`own_demand`) is asked
+/// one check a second; the two rebalance and merge each other's state every 20 ms gossip
+/// interval, for 12 s. What the mate's last five decisions ask of its store: whether each was
+/// decided there, the listing it asked for, and the units it held.
+fn a_light_key_at_the_mate(burst: u64) -> Vec<(bool, levee_core::Listing, u64)> {
+    let replicas = levee_core::ReplicaSet::new(
+        &[("eu".into(), 1)],
+        &["eu-1", "eu-2"]
+            .iter()
+            .map(|id| levee_core::ReplicaSpec {
+                id: (*id).into(),
+                region: "eu".into(),
+                weight: None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let mut rule = RuleSpec::token_bucket("b", burst, 1_000, burst)
+        .validate()
+        .unwrap();
+    rule.bind(&replicas);
+    let target = rule.target(None, 1).unwrap();
+    let (mut owner, mut mate) = (KeyState::new(), KeyState::new());
+    let t0 = E * WINDOW_MS;
+    let mut last = Vec::new();
+    for tick in 0..600u64 {
+        let now = t0 + tick * 20;
+        if tick % 50 == 0 {
+            let c = ctx(&replicas, now, 1);
+            let d = mate.decide_if_held(&target, RuleMode::Enforce, 1, &c);
+            if d.is_none() {
+                // Sent on: the owner decides it.
+                owner.decide(
+                    &target,
+                    RuleMode::Enforce,
+                    1,
+                    false,
+                    &ctx(&replicas, now, 0),
+                );
+            }
+            // A token bucket's holdings: its units of capacity, used or not.
+            let units = mate.unspent(&target, &replicas, NodeIdx(1), now);
+            last.push((d.is_some(), mate.take_listing(), units));
+        }
+        let at = now + 19;
+        let m = RebalanceCtx {
+            owner: NodeIdx(0),
+            own_demand: true,
+            ..rebalance_ctx(&replicas, at, 1, u64::MAX)
+        };
+        mate.rebalance(&target, &m);
+        let o = RebalanceCtx {
+            own_demand: true,
+            ..rebalance_ctx(&replicas, at, 0, u64::MAX)
+        };
+        owner.rebalance(&target, &o);
+        let (from_owner, from_mate) = (owner.crdt().clone(), mate.crdt().clone());
+        mate.merge(&from_owner, &target, &ctx(&replicas, at, 1))
+            .unwrap();
+        owner
+            .merge(&from_mate, &target, &ctx(&replicas, at, 0))
+            .unwrap();
+    }
+    last.split_off(last.len() - 5)
+}
+
+#[test]
+fn a_mate_deciding_a_light_key_of_a_large_bucket_holds_enough_to_spend_quietly() {
+    // A bucket of a million: the mate keeps at least 128 units however light its demand, so
+    // a decision leaves its sub-bucket within a 64th of full and is not listed (the write
+    // goes with the key's next listing, `state/quiet.rs`).
+    for (here, listing, units) in a_light_key_at_the_mate(1_000_000) {
+        assert!(here, "a check was sent to the owner");
+        assert_eq!(listing, levee_core::Listing::Quiet, "units held: {units}");
+        assert!(units >= 128, "units held: {units}");
+    }
+    // A bucket of 1,000 (500 a node): the floor would be a real part of it, so the mate holds
+    // what its refill needs, and each decision is listed and sent, as before.
+    for (here, listing, units) in a_light_key_at_the_mate(1_000) {
+        assert!(here, "a check was sent to the owner");
+        assert_eq!(listing, levee_core::Listing::Now, "units held: {units}");
+        assert!(units < 128, "units held: {units}");
+    }
+}

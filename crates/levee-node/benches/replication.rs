@@ -3,12 +3,15 @@
 //! kernel and no threads: the part of figure 9 (docs/benchmarks.md) that is Levee's own code.
 //!
 //! ```text
-//! cargo bench -p levee-node --bench replication -- [REGIONS [NODES [RATE [SECONDS [KEYS]]]]]
+//! cargo bench -p levee-node --bench replication -- [--local-first] [REGIONS [NODES [RATE [SECONDS [KEYS [WARM]]]]]]
 //! ```
 //!
-//! defaults `1 2 10000 4 10000`: one region of two nodes, 10,000 decisions a second for 4 s
+//! defaults `1 2 10000 4 10000 1`: one region of two nodes, 10,000 decisions a second for 4 s
 //! (after a second of warm-up) over 10,000 keys, each decided by its owner (a caller that
 //! routes to owners, figure 9's `--owned-only`), a token bucket far above what a key sees.
+//! With `--local-first`, every node runs `cluster.local_first` and the first node is asked
+//! about every key: it decides those it holds rights for, and the owner decides the rest (as
+//! if forwarded, without the frames; counted).
 //! Gossip every 20 ms, as `levee cluster` and figure 9 run. It prints, per decision, the time
 //! spent deciding and, node by node, the time spent in the replication machine (the
 //! interval's work, encoding, decoding and merging). The time is the wall time of those
@@ -74,14 +77,14 @@ fn config(regions: usize, nodes: usize, me: (usize, usize)) -> Config {
     Config::parse(&text, "bench.toml").expect("the bench's configuration")
 }
 
-fn node(config: &Config) -> Node {
+fn node(config: &Config, local_first: bool) -> Node {
     let limiter = Limiter::new(config, Clock::default());
     limiter.store().track_changes();
     let replicas = config.replicas.clone();
     let me = replicas
         .node_by_id(&config.node.id)
         .expect("this node is listed");
-    let cluster = Cluster::new(
+    let mut cluster = Cluster::new(
         ClusterConfig {
             me,
             replicas,
@@ -94,6 +97,7 @@ fn node(config: &Config) -> Node {
         },
         limiter.clock.now_ms(),
     );
+    cluster.set_local_first(local_first);
     Node {
         limiter,
         cluster,
@@ -192,17 +196,22 @@ fn sleep_until(at: Instant) {
 }
 
 fn main() {
+    let local_first = std::env::args().any(|a| a == "--local-first");
     let args: Vec<u64> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
-        .map(|a| a.parse().expect("numbers: REGIONS NODES RATE SECONDS KEYS"))
+        .map(|a| {
+            a.parse()
+                .expect("numbers: REGIONS NODES RATE SECONDS KEYS WARM")
+        })
         .collect();
     let arg = |i: usize, d: u64| args.get(i).copied().unwrap_or(d);
     let (regions, per) = (arg(0, 1) as usize, arg(1, 2) as usize);
     let (rate, secs, keys) = (arg(2, 10_000), arg(3, 4), arg(4, 10_000));
+    let warm_secs = arg(5, 1).max(1);
     let mut nodes: Vec<Node> = (0..regions)
         .flat_map(|r| (0..per).map(move |n| (r, n)))
-        .map(|me| node(&config(regions, per, me)))
+        .map(|me| node(&config(regions, per, me), local_first))
         .collect();
     // Every node synced and every peer heard: routing reads the whole region.
     let mut next = Instant::now();
@@ -217,11 +226,13 @@ fn main() {
         next += Duration::from_millis(INTERVAL_MS);
         sleep_until(next);
     }
-    // Keys decided by the first node: those it owns in its region.
+    // Keys asked of the first node: those it owns in its region (every key with
+    // `--local-first`).
     let names: Vec<String> = (0..keys)
         .map(|i| format!("k{i}"))
-        .filter(|k| nodes[0].cluster.owner(k.as_bytes()) == NodeIdx(0))
+        .filter(|k| local_first || nodes[0].cluster.owner(k.as_bytes()) == NodeIdx(0))
         .collect();
+    let mut at_owner = 0u64;
     let per_interval = (rate * INTERVAL_MS / 1000).max(1) as usize;
     let mut rng = fastrand::Rng::with_seed(7);
     let mut decide_time = Duration::ZERO;
@@ -229,16 +240,29 @@ fn main() {
     // A second of load before measuring (every key exists everywhere, rights have settled),
     // then `secs` of intervals. Counted in intervals, not read off the clock: under callgrind,
     // which runs it ~50 times slower, each interval still carries the same decisions.
-    let warm = 1000 / INTERVAL_MS;
+    let warm = warm_secs * 1000 / INTERVAL_MS;
     for step_no in 0..warm + secs * 1000 / INTERVAL_MS {
         let measure = step_no >= warm;
         let t = Instant::now();
         for _ in 0..per_interval {
             let key = &names[rng.usize(..names.len())];
-            let o = nodes[0]
-                .limiter
-                .check(CheckRef::of("allow", key, 1))
-                .expect("a valid check");
+            let req = CheckRef::of("allow", key, 1);
+            let owner = nodes[0].cluster.owner(key.as_bytes());
+            let here = if owner == NodeIdx(0) {
+                Some(nodes[0].limiter.check(req).expect("a valid check"))
+            } else {
+                nodes[0].limiter.check_if_held(req).expect("a valid check")
+            };
+            let o = match here {
+                Some(o) => o,
+                None => {
+                    at_owner += u64::from(measure);
+                    nodes[usize::from(owner.0)]
+                        .limiter
+                        .check(req)
+                        .expect("a valid check")
+                }
+            };
             if measure {
                 decided += 1;
                 allowed += u64::from(o.decision.allowed);
@@ -254,9 +278,10 @@ fn main() {
     assert!(decided > 0, "no node synced: nothing was decided");
     let us = |d: Duration| d.as_secs_f64() * 1e6 / decided as f64;
     println!(
-        "{regions} x {per}, {rate} decisions/s for {secs} s over {keys} keys ({} owned by the \
-         first node): {decided} decided, {allowed} allowed",
-        names.len()
+        "{regions} x {per}, {rate} decisions/s for {secs} s over {keys} keys ({} asked of the \
+         first node{}): {decided} decided, {allowed} allowed, {at_owner} at the owner",
+        names.len(),
+        if local_first { ", local_first" } else { "" }
     );
     println!(
         "deciding (first node): {:.3} µs per decision",

@@ -477,6 +477,93 @@ mod tests {
         assert!(after != before, "the write never reached the digest");
     }
 
+    /// `cluster.local_first`: a region-mate deciding a light key of a large bucket from the
+    /// rights it holds (`Limiter::check_if_held`) spends quietly, as the owner does: once the
+    /// key has its forecast and the mate its floor of units, a decision lists nothing, and the
+    /// interval after it sends nothing. (The store listed every such decision, and the mate
+    /// held two units, so each took its sub-bucket half empty: every decision was sent.)
+    #[test]
+    fn a_mate_deciding_where_it_holds_rights_spends_quietly() {
+        let text = |id: &str| {
+            format!(
+                "[node]\nid = \"{id}\"\nregion = \"eu\"\nmax_keys = 100\n\n\
+                 [cluster]\nregions = {{ eu = 1 }}\nlocal_first = true\n\
+                 tls = {{ ca = \"ca.pem\", cert = \"n.pem\", key = \"n.key\" }}\n\
+                 [[cluster.node]]\nid = \"eu-1\"\nregion = \"eu\"\naddr = \"127.0.0.1:9001\"\n\
+                 [[cluster.node]]\nid = \"eu-2\"\nregion = \"eu\"\naddr = \"127.0.0.1:9002\"\n\n\
+                 [[rule]]\nname = \"tb\"\nalgorithm = \"token_bucket\"\nrate = 1000000\n\
+                 per = \"1s\"\nburst = 1000000\n"
+            )
+        };
+        let node = |id: &str| {
+            let config = Config::parse(&text(id), "t.toml").expect("a valid configuration");
+            let l = Limiter::new(&config, Clock::default());
+            l.store().track_changes();
+            l
+        };
+        let nodes = [node("eu-1"), node("eu-2")];
+        let replicas = nodes[0].rules().replicas.clone();
+        let (hears, clock_of) = (|_| true, |_| None);
+        let mut digests = [NodeDigest::default(), NodeDigest::default()];
+        // Every interval below rebalances with eu-1 as the key's owner.
+        let key = "k";
+        // An interval at both nodes: listed keys rebalanced (with their own demand), drained,
+        // and merged at the other; what each sent.
+        let mut tick = || {
+            let mut sent = [0; 2];
+            for (i, n) in nodes.iter().enumerate() {
+                let now = n.clock.now_ms();
+                let ctx = levee_core::RebalanceCtx {
+                    now,
+                    me: levee_core::NodeIdx(i as u16),
+                    replicas: &replicas,
+                    view: n.view(),
+                    owner: levee_core::NodeIdx(0),
+                    max_in_flight: 1_000_000,
+                    inherit_from: None,
+                    hears: &hears,
+                    clock_of: &clock_of,
+                    started: 0,
+                    own_demand: true,
+                };
+                let mut states = NodeStates::new(n, &mut digests[i]);
+                states.update_active(&mut |_, state, target| {
+                    state.rebalance(target, &ctx);
+                });
+                let deltas = states.drain_deltas(usize::MAX);
+                drop(states);
+                sent[i] = deltas.len();
+                let other = &nodes[1 - i];
+                let mut into = NodeStates::new(other, &mut digests[1 - i]);
+                for (id, crdt) in deltas {
+                    into.merge(&id, &crdt, other.clock.now_ms())
+                        .expect("merged");
+                }
+            }
+            sent
+        };
+        let mut quiet = false;
+        for _ in 0..40 {
+            let here = nodes[1]
+                .check_if_held(CheckRef::of("tb", key, 1))
+                .expect("a valid check");
+            if here.is_none() {
+                // Sent on: the owner decides it.
+                nodes[0]
+                    .check(CheckRef::of("tb", key, 1))
+                    .expect("a valid check");
+            }
+            let sent = tick();
+            if here.is_some() && sent == [0, 0] {
+                quiet = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(21));
+            tick();
+        }
+        assert!(quiet, "no decision at the mate was quiet");
+    }
+
     /// A key reset (removed from the store) after it was listed as changed is not sent, nor
     /// created again, by the next tick, though the eviction pool still holds its entry; a
     /// key charged again after its reset is.

@@ -221,7 +221,7 @@ impl Store {
     /// write no other node needs yet (a token bucket near full), which lists it for later
     /// (its forecast is due a sample) or not at all (the write goes with its next listing).
     #[inline]
-    fn note_as_asked(&self, entry: &SlotRef, slot: &mut Slot) {
+    pub fn note_as_asked(&self, entry: &SlotRef, slot: &mut Slot) {
         match slot.state.take_listing() {
             Listing::Now => self.note(entry, slot),
             Listing::Later => self.note_later(entry, slot),

@@ -203,7 +203,16 @@ pub(crate) fn unspent(
             let matrix = matrix(crdt, scope).cloned().unwrap_or_default();
             let base = base.saturating_add(scope.inherited(crdt, target, &algo, me));
             let held = holdings(base, &matrix, me);
-            held.saturating_sub(need_of(crdt, &algo, me, 0, scope, now, HORIZON_MS))
+            held.saturating_sub(need_of(
+                crdt,
+                &algo,
+                me,
+                0,
+                scope,
+                now,
+                HORIZON_MS,
+                replicas.len(),
+            ))
         })
         .fold(0u64, u64::saturating_add)
 }
@@ -252,13 +261,13 @@ fn rebalance_scope(
             .unwrap_or(0)
             .saturating_add(scope.inherited(crdt, target, algo, node))
     };
+    let n = replicas.len();
     let my_held = holdings(base_of(me), matrix, me);
     let horizon = if long { PRESS_MS } else { HORIZON_MS };
-    if my_held <= need_of(crdt, algo, me, forecast, scope, ctx.now, horizon) {
+    if my_held <= need_of(crdt, algo, me, forecast, scope, ctx.now, horizon, n) {
         return;
     }
     // What every node holds and needs, as far as this node knows.
-    let n = replicas.len();
     let mut held: PerNode<u64> = smallvec![0; n];
     let mut need: PerNode<u64> = smallvec![0; n];
     let mut need_soon: PerNode<u64> = smallvec![0; n];
@@ -279,8 +288,8 @@ fn rebalance_scope(
         } else {
             scope.for_peer(algo, ctx.now, (ctx.clock_of)(node))
         };
-        need[i] = need_of(crdt, algo, node, f, theirs, ctx.now, HORIZON_MS);
-        need_soon[i] = need_of(crdt, algo, node, f, theirs, ctx.now, PRESS_MS);
+        need[i] = need_of(crdt, algo, node, f, theirs, ctx.now, HORIZON_MS, n);
+        need_soon[i] = need_of(crdt, algo, node, f, theirs, ctx.now, PRESS_MS, n);
     }
     if long && current && !asked_persistently(&held, &need_soon) {
         keep_one_in_hand(crdt, scope, ctx, &held, &mut need_soon);

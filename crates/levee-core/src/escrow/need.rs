@@ -8,6 +8,7 @@ use crate::time::Millis;
 
 use super::HORIZON_MS;
 use super::scope::Scope;
+use crate::state::QUIET_MIN_UNITS;
 
 /// Extra demand a node keeps for itself above its forecast, in percent.
 const MARGIN_PERCENT: u64 = 10;
@@ -18,8 +19,27 @@ pub(crate) fn with_margin(x: u64) -> u64 {
     x.saturating_add(margin as u64)
 }
 
+/// The fewest units a node with demand keeps of a token bucket whose burst, split evenly
+/// over the list's `nodes`, is at least 64 times [`QUIET_MIN_UNITS`]: enough that a light
+/// key's decisions there leave its sub-bucket near full and are spent quietly
+/// (`state/quiet.rs`) rather than listed and sent at every decision. Without it a node
+/// deciding a key used once a second held the two units its refill needs, every decision took
+/// half of them, and every decision was sent (`cluster.local_first`, figure 9 of
+/// docs/benchmarks.md on 2026-12-04). Every node's floor together is at most a 64th of the
+/// burst; a smaller bucket has none.
+pub(crate) fn bucket_floor(burst: u64, nodes: usize) -> u64 {
+    let even = burst / (nodes.max(1) as u64);
+    if even / QUIET_MIN_UNITS >= 64 {
+        QUIET_MIN_UNITS
+    } else {
+        0
+    }
+}
+
 /// What `node` needs in `scope`, from its forecast (tokens per epoch) over at most
-/// `horizon` ms and what it used.
+/// `horizon` ms and what it used; `nodes` is the list's length (a token bucket's
+/// [`bucket_floor`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn need_of(
     crdt: &KeyCrdt,
     algo: &Algorithm,
@@ -28,6 +48,7 @@ pub(crate) fn need_of(
     scope: Scope,
     now: Millis,
     horizon: Millis,
+    nodes: usize,
 ) -> u64 {
     // A forecast comes from a peer's register: `with_margin` saturates rather than overflows.
     match (scope, *algo) {
@@ -87,10 +108,16 @@ pub(crate) fn need_of(
             used.saturating_add(with_margin(ahead))
         }
         (Scope::Continuous, Algorithm::TokenBucket { rate, burst, .. }) => {
-            // Units whose refill covers the forecast demand per refill period.
+            // Units whose refill covers the forecast demand per refill period, and, with
+            // any demand, at least the floor that lets decisions spend quietly.
             let units = (u128::from(with_margin(forecast)) * u128::from(burst))
                 .div_ceil(u128::from(rate)) as u64;
-            units.min(burst)
+            let floor = if forecast > 0 {
+                bucket_floor(burst, nodes)
+            } else {
+                0
+            };
+            units.max(floor).min(burst)
         }
         (Scope::Continuous, _) => with_margin(forecast),
     }

@@ -54,7 +54,7 @@ impl KeyState {
             self.count_requested(cost, target.algorithm.rights_per_epoch());
             return None;
         }
-        self.commit(target, cost, true, &ev, ctx, false);
+        self.commit(target, cost, true, &ev, ctx, true);
         Some(decision_of(
             target.algorithm,
             mode,

@@ -59,6 +59,7 @@ mod key_state;
 mod log;
 mod quiet;
 pub use quiet::Listing;
+pub(crate) use quiet::MIN_UNITS as QUIET_MIN_UNITS;
 mod rebalance;
 mod usage;
 

@@ -34,10 +34,14 @@
 //!   may admit up to that much again (besides what it admitted in its last gossip interval,
 //!   as before) — docs/replication.md, "A token bucket near full".
 //!
-//! Only [`KeyState::decide`] spends quietly, only where the key has a demand book (it was used
-//! in more than one gossip interval, so its peers hold it), and never for a sub-bucket of fewer
-//! than 128 units: a key near its limit, or a small one, is listed at every decision, as
-//! before.
+//! Only a decision spends quietly ([`KeyState::decide`], and [`KeyState::decide_if_held`] of a
+//! `cluster.local_first` node deciding a key a region-mate owns: the same sub-bucket of its
+//! own, the same argument), only where the key has a demand book (it was used in more than
+//! one gossip interval, so its peers hold it), and never for a sub-bucket of fewer than 128
+//! units: a key near its limit, or a small one, is listed at every decision, as before. A node
+//! whose demand for a key is light would hold only the few units its refill needs; of a bucket
+//! large enough that it costs nobody, it keeps at least 128 (`escrow::need::bucket_floor`), so
+//! that its decisions there spend quietly too.
 
 use crate::rights::NANO;
 use crate::time::Millis;
@@ -59,8 +63,9 @@ pub(super) const QUIET_LONGEST_MS: Millis = 30_000;
 const QUIET_DIVISOR: u64 = 64;
 
 /// Sub-buckets of fewer units than this never spend quietly (their margin would be under two
-/// tokens).
-const MIN_UNITS: u64 = 2 * QUIET_DIVISOR;
+/// tokens). A node with demand for a large enough bucket keeps at least this many
+/// (`escrow::need::bucket_floor`).
+pub(crate) const MIN_UNITS: u64 = 2 * QUIET_DIVISOR;
 
 /// Whether a sub-bucket of `units`, at `level_nt` after a decision, is near enough full for
 /// the decision's write to stay here.

@@ -132,7 +132,8 @@ impl Limiter {
             }
             let s = &mut slot.state;
             let d = decide(&r, s, &ctx).map(|d| global_remaining(s, &r.target, &ctx, d));
-            self.store.note(&entry, &mut slot);
+            // As any decision: a token bucket left near full is not listed now.
+            self.store.note_as_asked(&entry, &mut slot);
             d
         };
         let Some((d, local)) = decided else {

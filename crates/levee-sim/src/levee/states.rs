@@ -229,16 +229,22 @@ impl SimStates {
         }
         let state = self.keys.entry(id.clone()).or_default();
         let d = state.decide(&target, RuleMode::Enforce, cost, false, &ctx);
-        // A decision whose write no peer needs yet (a token bucket near full) lists the key
-        // later or not at all, as a node's store does (`KeyState::take_listing`).
-        match state.take_listing() {
+        let listing = state.take_listing();
+        self.list_as(listing, id);
+        Some(d)
+    }
+
+    /// Lists a key after a decision as its state asked: a decision whose write no peer needs
+    /// yet (a token bucket near full) lists the key later or not at all, as a node's store
+    /// does (`KeyState::take_listing`).
+    fn list_as(&mut self, listing: Listing, id: Vec<u8>) {
+        match listing {
             Listing::Now => self.touched(id),
             Listing::Later => {
                 self.later.insert(id);
             }
             Listing::Quiet => {}
         }
-        Some(d)
     }
 
     /// Decides a check here only if this node's own rights admit it, as a node with
@@ -260,7 +266,8 @@ impl SimStates {
         let ctx = decide_ctx(self.me, &self.replicas, now, view);
         let state = self.keys.get_mut(&id)?;
         let d = state.decide_if_held(&target, RuleMode::Enforce, cost, &ctx);
-        self.touched(id);
+        let listing = state.take_listing();
+        self.list_as(listing, id);
         d
     }
 
