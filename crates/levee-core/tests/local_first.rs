@@ -13,6 +13,52 @@ const WINDOW_MS: u64 = 1_000;
 /// An epoch well inside the clock's range.
 const E: u64 = 1_000_000;
 
+/// One region of two nodes, `eu-1` (node 0) and `eu-2` (node 1).
+fn one_region_of_two() -> levee_core::ReplicaSet {
+    levee_core::ReplicaSet::new(
+        &[("eu".into(), 1)],
+        &["eu-1", "eu-2"]
+            .iter()
+            .map(|id| levee_core::ReplicaSpec {
+                id: (*id).into(),
+                region: "eu".into(),
+                weight: None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+}
+
+/// The end of a gossip interval at `at` between node 0 (the key's owner) and node 1 (its
+/// region-mate): each rebalances (with `own_demand` or not), then each merges the other's
+/// state.
+fn interval(
+    owner: &mut KeyState,
+    mate: &mut KeyState,
+    target: &levee_core::rule::Target<'_>,
+    replicas: &levee_core::ReplicaSet,
+    at: u64,
+    own_demand: bool,
+) {
+    let m = RebalanceCtx {
+        owner: NodeIdx(0),
+        own_demand,
+        ..rebalance_ctx(replicas, at, 1, u64::MAX)
+    };
+    mate.rebalance(target, &m);
+    let o = RebalanceCtx {
+        own_demand,
+        ..rebalance_ctx(replicas, at, 0, u64::MAX)
+    };
+    owner.rebalance(target, &o);
+    let (from_owner, from_mate) = (owner.crdt().clone(), mate.crdt().clone());
+    mate.merge(&from_owner, target, &ctx(replicas, at, 1))
+        .unwrap();
+    owner
+        .merge(&from_mate, target, &ctx(replicas, at, 0))
+        .unwrap();
+}
+
 #[test]
 fn a_check_is_decided_here_only_while_the_rights_held_here_admit_it() {
     let replicas = two_regions();
@@ -64,18 +110,7 @@ fn a_check_is_decided_here_only_while_the_rights_held_here_admit_it() {
 fn with_own_demand_a_region_mate_gets_rights_toward_its_own_demand_and_decides_it() {
     // One region, two nodes: node 0 owns the key, node 1 is asked 10 checks every gossip
     // interval; the two merge each other's state every interval.
-    let replicas = levee_core::ReplicaSet::new(
-        &[("eu".into(), 1)],
-        &["eu-1", "eu-2"]
-            .iter()
-            .map(|id| levee_core::ReplicaSpec {
-                id: (*id).into(),
-                region: "eu".into(),
-                weight: None,
-            })
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let replicas = one_region_of_two();
     let decided_by_the_mate = |own_demand: bool| {
         let mut rule = RuleSpec::fixed_window("r", 10_000, WINDOW_MS)
             .validate()
@@ -95,24 +130,14 @@ fn with_own_demand_a_region_mate_gets_rights_toward_its_own_demand_and_decides_i
                     here += 1;
                 }
             }
-            let at = now + 19;
-            let m = RebalanceCtx {
-                owner: NodeIdx(0),
+            interval(
+                &mut owner,
+                &mut mate,
+                &target,
+                &replicas,
+                now + 19,
                 own_demand,
-                ..rebalance_ctx(&replicas, at, 1, u64::MAX)
-            };
-            mate.rebalance(&target, &m);
-            let o = RebalanceCtx {
-                own_demand,
-                ..rebalance_ctx(&replicas, at, 0, u64::MAX)
-            };
-            owner.rebalance(&target, &o);
-            let (from_owner, from_mate) = (owner.crdt().clone(), mate.crdt().clone());
-            mate.merge(&from_owner, &target, &ctx(&replicas, at, 1))
-                .unwrap();
-            owner
-                .merge(&from_mate, &target, &ctx(&replicas, at, 0))
-                .unwrap();
+            );
         }
         // Whatever was decided where, the window never holds more than the limit.
         let used: u64 = owner
@@ -139,18 +164,7 @@ fn with_own_demand_a_region_mate_gets_rights_toward_its_own_demand_and_decides_i
 /// interval, for 12 s. What the mate's last five decisions ask of its store: whether each was
 /// decided there, the listing it asked for, and the units it held.
 fn a_light_key_at_the_mate(burst: u64) -> Vec<(bool, levee_core::Listing, u64)> {
-    let replicas = levee_core::ReplicaSet::new(
-        &[("eu".into(), 1)],
-        &["eu-1", "eu-2"]
-            .iter()
-            .map(|id| levee_core::ReplicaSpec {
-                id: (*id).into(),
-                region: "eu".into(),
-                weight: None,
-            })
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let replicas = one_region_of_two();
     let mut rule = RuleSpec::token_bucket("b", burst, 1_000, burst)
         .validate()
         .unwrap();
@@ -178,24 +192,7 @@ fn a_light_key_at_the_mate(burst: u64) -> Vec<(bool, levee_core::Listing, u64)> 
             let units = mate.unspent(&target, &replicas, NodeIdx(1), now);
             last.push((d.is_some(), mate.take_listing(), units));
         }
-        let at = now + 19;
-        let m = RebalanceCtx {
-            owner: NodeIdx(0),
-            own_demand: true,
-            ..rebalance_ctx(&replicas, at, 1, u64::MAX)
-        };
-        mate.rebalance(&target, &m);
-        let o = RebalanceCtx {
-            own_demand: true,
-            ..rebalance_ctx(&replicas, at, 0, u64::MAX)
-        };
-        owner.rebalance(&target, &o);
-        let (from_owner, from_mate) = (owner.crdt().clone(), mate.crdt().clone());
-        mate.merge(&from_owner, &target, &ctx(&replicas, at, 1))
-            .unwrap();
-        owner
-            .merge(&from_mate, &target, &ctx(&replicas, at, 0))
-            .unwrap();
+        interval(&mut owner, &mut mate, &target, &replicas, now + 19, true);
     }
     last.split_off(last.len() - 5)
 }
