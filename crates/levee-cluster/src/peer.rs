@@ -388,8 +388,9 @@ mod tests {
 
     #[test]
     fn the_tightest_bounds_of_several_exchanges_give_the_offset() {
-        // Idle heartbeats: the peer holds our batch up to 100 ms before it answers. One
-        // exchange alone is off by half of that; the one it answered at once pins it.
+        // A batch the peer held 90 ms before its own went (a heartbeat of each end, as
+        // before answers): one exchange alone is off by half of that; the one it answered at
+        // once pins it.
         let mut c = ClockEstimate::default();
         let (s, a, n) = exchange(10_000, 0, 0, 90);
         c.sample(s, a, n);

@@ -1,39 +1,59 @@
 //! Empty batches (heartbeats) on idle links (issue #18): a link that carries no keys gets one
-//! every `suspect_after / 10` (30 ms here, so every other 20 ms interval), not every interval;
-//! a link that carries keys, or whose peer may not hear us, still gets one every interval.
+//! every `suspect_after / 5` (60 ms here, every third 20 ms interval) from its lower
+//! position, which the higher position answers at once, not one every interval from each
+//! end; a link that carries keys, or whose peer may not hear us, still gets one every
+//! interval.
 
 mod common;
 
 use common::{Net, replicas};
 use levee_core::RuleSpec;
 
-/// Batches `from` sent `to` in `[start, end)`.
-fn batches(net: &Net, from: usize, to: usize, start: u64, end: u64) -> usize {
+/// When `from` sent `to` a batch in `[start, end)`.
+fn batch_times(net: &Net, from: usize, to: usize, start: u64, end: u64) -> Vec<u64> {
     net.gossip_log
         .iter()
         .filter(|&&(t, f, d)| f == from && d == to && t >= start && t < end)
-        .count()
+        .map(|&(t, _, _)| t)
+        .collect()
+}
+
+/// How many batches `from` sent `to` in `[start, end)`.
+fn batches(net: &Net, from: usize, to: usize, start: u64, end: u64) -> usize {
+    batch_times(net, from, to, start, end).len()
 }
 
 #[test]
-fn an_idle_link_carries_a_heartbeat_every_other_interval_and_a_busy_one_every_interval() {
+fn an_idle_link_carries_a_heartbeat_and_its_answer_every_third_interval_and_a_busy_one_every_interval()
+ {
     let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000_000);
     net.start();
     net.run(200);
-    // Idle, both ways: every 40 ms (the first interval 30 ms or more after the last batch).
+    // Idle: node 0, the link's lower position, sends one every 60 ms; node 1 sends one only
+    // as it answers each, when it arrives (5 ms later), and none of its own.
     let t = net.now();
     net.run(400);
-    for (from, to) in [(0, 1), (1, 0)] {
-        let n = batches(&net, from, to, t, t + 400);
-        assert_eq!(
-            n, 10,
-            "{from} -> {to}: {n} batches in 400 ms of an idle link"
-        );
-    }
+    let beats = batch_times(&net, 0, 1, t, t + 360);
+    assert_eq!(
+        beats.len(),
+        6,
+        "0 -> 1 in 360 ms of an idle link: {beats:?}"
+    );
+    assert!(
+        beats.windows(2).all(|w| w[1] - w[0] == 60),
+        "0 -> 1 not every 60 ms: {beats:?}"
+    );
+    let answers = batch_times(&net, 1, 0, t + 5, t + 365);
+    let expected: Vec<u64> = beats.iter().map(|b| b + 5).collect();
+    assert_eq!(
+        answers, expected,
+        "1 -> 0: not one answer per heartbeat, at once"
+    );
     // Node 0 decides a key every interval: its batches go every interval (20 in the 400 ms
-    // after the first decision); node 1's, which only acknowledge them, stay every other
-    // interval (an anti-entropy round, every 200 ms here, finds the digests differing while
-    // the key changes, but leaves a key changed within two of its intervals to the deltas).
+    // after the first decision); node 1, which only acknowledges them, answers one once its
+    // last batch to node 0 is half a heartbeat (30 ms) old: every other interval (an
+    // anti-entropy round, every 200 ms here, finds the digests differing while the key
+    // changes, but leaves a key changed within two of its intervals to the deltas).
     let t = net.now();
     for _ in 0..20 {
         assert!(net.decide(0, "k"));
@@ -49,7 +69,7 @@ fn an_idle_link_carries_a_heartbeat_every_other_interval_and_a_busy_one_every_in
         acks, 10,
         "batches 1 -> 0 in the 400 ms after the first decision"
     );
-    // And the views agree: the heartbeats carried node 1's acknowledgements, and nothing was
+    // And the views agree: the answers carried node 1's acknowledgements, and nothing was
     // pushed again.
     net.run(100);
     let (a, b) = (
@@ -67,11 +87,12 @@ fn a_link_whose_acknowledgements_stop_gets_a_batch_every_interval_and_heals_at_o
     net.isolate(1, true);
     let cut = net.now();
     net.run(400);
-    // Acknowledgements are late after 2 × 30 + 4 × 20 = 140 ms: from then on, every interval.
-    let n = batches(&net, 0, 1, cut + 160, cut + 400);
+    // Acknowledgements are late after 2 × 60 + 4 × 20 = 200 ms (the last one acknowledged a
+    // batch sent before the cut): from then on, every interval.
+    let n = batches(&net, 0, 1, cut + 220, cut + 400);
     assert_eq!(
-        n, 12,
-        "{n} batches to a peer that stopped acknowledging, in 240 ms"
+        n, 9,
+        "{n} batches to a peer that stopped acknowledging, in 180 ms"
     );
     // A key changed during the cut reaches the other side within an interval and a round
     // trip of the heal.
@@ -94,7 +115,7 @@ fn a_link_whose_acknowledgements_stop_gets_a_batch_every_interval_and_heals_at_o
 /// steadily at node 0 (5 a second), keeps its writes there
 /// (`levee_core::Listing`); when its forecast is due a sample (after 30 s of steady demand)
 /// it is listed for later and goes to node 1 in the batch that is the next heartbeat. So the
-/// link carries exactly an idle link's batches, every other interval, and node 1 then holds
+/// link carries exactly an idle link's batches, every third interval, and node 1 then holds
 /// the key as node 0 does.
 #[test]
 fn a_quiet_bucket_due_a_sample_rides_on_a_heartbeat() {
@@ -112,9 +133,9 @@ fn a_quiet_bucket_due_a_sample_rides_on_a_heartbeat() {
         assert!(net.decide(0, "k"));
         net.run(200);
     }
-    // From 10 s on (the forecast formed, the key quiet): the idle pace, one batch in 40 ms.
-    let n = batches(&net, 0, 1, t + 10_000, t + 45_000);
-    assert_eq!(n, 35_000 / 40, "batches 0 -> 1 from 10 s to 45 s");
+    // From 10 s on (the forecast formed, the key quiet): the idle pace, one batch in 60 ms.
+    let n = batches(&net, 0, 1, t + 10_000, t + 44_980);
+    assert_eq!(n, 34_980 / 60, "batches 0 -> 1 from 10 s to 44.98 s");
     // The key went: node 1's state is node 0's as of the sample (within 30 s of its start,
     // so node 1's view of what node 0 used may lag by up to 30 s of decisions, a 64th of
     // node 0's capacity at most).

@@ -26,7 +26,7 @@ pub const ALPN: &[u8] = b"levee/1";
 
 /// How often an idle connection is kept alive; also how quickly a lost peer is noticed
 /// together with [`IDLE_TIMEOUT`].
-pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_millis(200);
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_millis(500);
 /// A connection that has heard nothing from its peer for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Streams of each direction a peer may have open at once.

@@ -102,17 +102,19 @@ impl Cluster {
         self.heir_pull_step(now);
         // Keys listed for later (`levee_core::Listing::Later`: a quiet bucket whose forecast
         // is due a sample) go with this interval's keys if there are any, else when a link's
-        // idle heartbeat is due, in the batch that is the heartbeat.
+        // idle heartbeat is due, in the batch that is the heartbeat; at a node that only
+        // answers heartbeats, once per idle heartbeat.
         let peers = self.links(now);
         let urgent = store.listed_now() > 0 || !self.gateways.relay.is_empty();
-        let every = self.idle_heartbeat();
         if urgent
             || peers.is_empty()
+            || now >= self.next_later
             || peers
                 .iter()
-                .any(|&p| self.peer[usize::from(p.0)].idle_beat_due(now, every))
+                .any(|&p| self.peer[usize::from(p.0)].idle_beat_due(now, self.own_beat(p)))
         {
             store.join_later();
+            self.next_later = now + self.idle_heartbeat();
         }
         // A blind node does not know what it gave before it started: it gives nothing.
         if self.synced && !self.blind {
@@ -175,16 +177,58 @@ impl Cluster {
         let every = self.idle_heartbeat();
         let interval = self.cfg.gossip_interval;
         let st = &self.peer[usize::from(p.0)];
-        st.idle_beat_due(now, every)
+        st.idle_beat_due(now, self.own_beat(p))
             || now.saturating_sub(st.last_keys_ms) <= 2 * interval
             || !self.membership.is_reachable(p)
             || now.saturating_sub(st.acked_ms) > 2 * every + 4 * interval
     }
 
-    /// How often an idle link carries an empty batch: a tenth of `suspect_after`, at least
-    /// every interval (100 ms with the defaults: 20 ms intervals, suspect after 1 s).
+    /// How often an idle link carries an empty batch: a fifth of `suspect_after`, at least
+    /// every interval (200 ms with the defaults: 20 ms intervals, suspect after 1 s). The
+    /// link's lower position sends it; the higher one answers it at once
+    /// ([`Cluster::answer_batch`]), so one heartbeat and its answer cross an idle link per
+    /// period and each end's acknowledgement of the other lags by at most a period and a
+    /// round trip, as it did when both ends sent their own heartbeat every tenth of
+    /// `suspect_after`. (Each end sends on its own QUIC connection, so the answer does not
+    /// carry the transport's acknowledgement of the heartbeat: each frame still costs one
+    /// ACK-only datagram back, and an idle link four datagrams a period.)
     pub(super) fn idle_heartbeat(&self) -> Millis {
-        (self.cfg.suspect_after / 10).max(self.cfg.gossip_interval)
+        (self.cfg.suspect_after / 5).max(self.cfg.gossip_interval)
+    }
+
+    /// How long a link to `p` may go without a batch from this node: an idle heartbeat, or
+    /// half a heartbeat longer at the end that answers (the other end's heartbeat, answered
+    /// at once, is normally what it sends; its own is for a link that stopped carrying them).
+    fn own_beat(&self, p: NodeIdx) -> Millis {
+        let every = self.idle_heartbeat();
+        if self.answers(p) {
+            every + every / 2
+        } else {
+            every
+        }
+    }
+
+    /// Whether this node is the end of the link to `p` that answers `p`'s batches rather than
+    /// sending its own idle heartbeats: the higher position in the replica list (the same
+    /// on both ends; while two lists are in play both ends may send, as before).
+    pub(super) fn answers(&self, p: NodeIdx) -> bool {
+        self.cfg.me > p
+    }
+
+    /// A batch from `from` arrived: the end that answers sends an empty batch back at once
+    /// when its last batch to `from` is at least half an idle heartbeat old. An idle link
+    /// thus carries one heartbeat and one answer per period; under load (a batch of keys
+    /// every interval) the answers go every half period, as often as the heartbeats of
+    /// either end went before, so acknowledgements lag no more than they did.
+    pub(super) fn answer_batch(&mut self, from: NodeIdx, now: Millis) {
+        let half = self.idle_heartbeat() / 2;
+        let st = &self.peer[usize::from(from.0)];
+        if self.answers(from)
+            && self.gateways.links.contains(&from)
+            && now.saturating_sub(st.last_batch_ms) >= half
+        {
+            self.send(from, Message::Deltas(batch(now, vec![])), now);
+        }
     }
 
     /// Moves spare rights of the keys used or merged since the last interval

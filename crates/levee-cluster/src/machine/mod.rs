@@ -104,6 +104,9 @@ pub struct Cluster {
     forwards: PendingForwards,
     next_tick: Millis,
     next_anti_entropy: Millis,
+    /// When the keys listed for later (`levee_core::Listing::Later`) join a batch next if no
+    /// interval's keys take them sooner: once per idle heartbeat.
+    next_later: Millis,
     ae_cursor: usize,
     started: Millis,
     synced: bool,
@@ -164,6 +167,7 @@ impl Cluster {
             forwards: PendingForwards::default(),
             next_tick: now + cfg.tick_phase,
             next_anti_entropy: now + cfg.anti_entropy_interval,
+            next_later: now,
             ae_cursor: 0,
             started: now,
             synced: n == 1,

@@ -115,6 +115,7 @@ impl Cluster {
             Message::Deltas(batch) => {
                 self.note_batch(from, now);
                 self.merge_batch(from, batch, true, now, store);
+                self.answer_batch(from, now);
             }
             // A recovering node sends what it has but cannot vouch that it is complete, nor
             // can a blind one (what it has of itself may lack what it did before it started).

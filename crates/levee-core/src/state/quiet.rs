@@ -94,7 +94,7 @@ pub enum Listing {
     Now,
     /// For later: a quiet write whose key's forecast is due a sample. The key is rebalanced
     /// and sent with the next interval that sends keys listed now, or, if none does, once
-    /// an idle link's heartbeat is due (every `suspect_after / 10`), in the batch that is
+    /// an idle link's heartbeat is due (every `suspect_after / 5`), in the batch that is
     /// the heartbeat: a steady load of keys near full costs each link a frame per heartbeat,
     /// not one per interval.
     Later,
