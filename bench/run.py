@@ -931,7 +931,8 @@ def fig9(levee: str, work: Path) -> None:
         what = {"owners": "the caller sends each key to its owner (`--owned-only`)",
                 "any node": "the caller sends every key to the first node",
                 "any node, local_first": "the caller sends every key to the first node, "
-                                         "`cluster.local_first = true` (after a 12 s warm-up)",
+                                         "`cluster.local_first = true` (after a "
+                                         f"{max(12, C.fig9_warm)} s warm-up)",
                 }[sent_to]
         if C.fig9_topology != "mesh":
             label = f"{label}, `gossip_topology = \"{C.fig9_topology}\"`"

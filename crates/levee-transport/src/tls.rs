@@ -25,7 +25,10 @@ use rustls::server::WebPkiClientVerifier;
 pub const ALPN: &[u8] = b"levee/1";
 
 /// How often an idle connection is kept alive; also how quickly a lost peer is noticed
-/// together with [`IDLE_TIMEOUT`].
+/// together with [`IDLE_TIMEOUT`]. Longer than the gossip's idle heartbeat period
+/// (`suspect_after / 5`, 200 ms by default; a QUIC keep-alive is timed from the last packet
+/// received, which on an idle link is about a period old), so that it adds no PING and no
+/// acknowledgement of it to a link that carries heartbeats.
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_millis(500);
 /// A connection that has heard nothing from its peer for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3);
