@@ -154,3 +154,43 @@ fn a_quiet_bucket_due_a_sample_rides_on_a_heartbeat() {
         "node 1 never heard of node 0's decisions"
     );
 }
+
+/// The end that answers sends its own heartbeats once the other end's stop arriving (the
+/// link from node 0 to node 1 cut one way): within 1.5 heartbeats (90 ms) and an interval
+/// of its last answer, then as a link in trouble does. Node 0 keeps hearing node 1; node 1,
+/// hearing nothing, finds node 0 unreachable once `suspect_after` has passed.
+#[test]
+fn the_answering_end_sends_its_own_heartbeats_when_the_other_ends_stop() {
+    let mut net = Net::new(replicas(&["eu", "us"], 1), 1_000_000);
+    net.start();
+    net.run(200);
+    net.wire.cut(0, 1);
+    let cut = net.now();
+    net.run(600);
+    let last_answer = batch_times(&net, 1, 0, cut - 100, cut + 6)
+        .last()
+        .copied()
+        .expect("node 1 answered node 0 before the cut");
+    let own = batch_times(&net, 1, 0, cut + 6, cut + 600);
+    let first = own
+        .first()
+        .copied()
+        .expect("node 1 sent nothing of its own");
+    assert!(
+        first <= last_answer + 90 + 20,
+        "node 1's first heartbeat of its own {} ms after its last answer",
+        first - last_answer
+    );
+    assert!(
+        own.windows(2).all(|w| w[1] - w[0] <= 90),
+        "node 1's heartbeats further apart than 90 ms: {own:?}"
+    );
+    assert!(
+        net.nodes[0].0.hears(levee_core::NodeIdx(1)),
+        "node 0 stopped hearing node 1"
+    );
+    assert!(
+        !net.nodes[1].0.hears(levee_core::NodeIdx(0)),
+        "node 1 still hears node 0 600 ms after the cut"
+    );
+}
