@@ -170,9 +170,12 @@ impl Cluster {
     /// acknowledgements late — so that a healed link is seen within an interval, and for two
     /// intervals after a batch of keys, so that the loss of the last one is noticed (and asked
     /// for, [`Message::Missed`]) as soon as before. Otherwise once per
-    /// [`Cluster::idle_heartbeat`]: an idle link costs each end a frame and its QUIC
-    /// acknowledgement that often, not every interval (issue #18; in a 3 × 2 cluster at 20 ms,
-    /// 33 ms of CPU a second per idle node, 13 at 100 ms).
+    /// [`Cluster::idle_heartbeat`] at the link's lower position, and half a period later at
+    /// the higher one, which normally answers instead ([`Cluster::answer_batch`]): an idle
+    /// link costs each end a frame and its QUIC acknowledgement that often, not every
+    /// interval (issue #18; in a 3 × 2 cluster, 33 ms of CPU a second per idle node with a
+    /// batch every 20 ms interval, 13 with heartbeats from both ends every 100 ms, 8–12 with
+    /// one heartbeat and its answer every 200 ms).
     fn heartbeat_due(&self, p: NodeIdx, now: Millis) -> bool {
         let every = self.idle_heartbeat();
         let interval = self.cfg.gossip_interval;
@@ -211,7 +214,7 @@ impl Cluster {
     /// Whether this node is the end of the link to `p` that answers `p`'s batches rather than
     /// sending its own idle heartbeats: the higher position in the replica list (the same
     /// on both ends; while two lists are in play both ends may send, as before).
-    pub(super) fn answers(&self, p: NodeIdx) -> bool {
+    fn answers(&self, p: NodeIdx) -> bool {
         self.cfg.me > p
     }
 
