@@ -190,9 +190,10 @@ impl Cluster {
     /// every interval (200 ms with the defaults: 20 ms intervals, suspect after 1 s). The
     /// link's lower position sends it; the higher one answers it at once
     /// ([`Cluster::answer_batch`]), so one heartbeat and its answer cross an idle link per
-    /// period and each end's acknowledgement of the other lags by at most a period and a
-    /// round trip, as it did when both ends sent their own heartbeat every tenth of
-    /// `suspect_after`. (Each end sends on its own QUIC connection, so the answer does not
+    /// period: the lower end's acknowledgement of the other lags by at most a period and a
+    /// round trip, the higher end's by at most two periods (its answer is acknowledged by the
+    /// next heartbeat), below the `2 × period + 4 × interval` at which a link counts as in
+    /// trouble ([`Cluster::heartbeat_due`]) whatever the round trip. (Each end sends on its own QUIC connection, so the answer does not
     /// carry the transport's acknowledgement of the heartbeat: each frame still costs one
     /// ACK-only datagram back, and an idle link four datagrams a period.)
     pub(super) fn idle_heartbeat(&self) -> Millis {
